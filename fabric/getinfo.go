@@ -1,0 +1,141 @@
+package fabric
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// Versions describes the libfabric fitransfer runs against.
+type Versions struct {
+	Library  string  `json:"library"`  // release of the loaded library, e.g. "1.17.0"
+	Runtime  Version `json:"runtime"`  // fi_version() of the loaded library
+	Compiled Version `json:"compiled"` // FI_VERSION of the headers at build time
+	API      Version `json:"api"`      // what fitransfer asks for: min(Compiled, Runtime)
+}
+
+// CurrentVersions reports the loaded library and the negotiated API version.
+func CurrentVersions() Versions {
+	return Versions{
+		Library:  ofi.LibraryVersion(),
+		Runtime:  ofi.RuntimeVersion(),
+		Compiled: ofi.CompiledVersion(),
+		API:      ofi.NegotiatedVersion(),
+	}
+}
+
+// APIVersion is the API version fitransfer passes to fi_getinfo: the older
+// of the compiled and the runtime version (a newer one gets -FI_ENOSYS).
+func APIVersion() Version { return ofi.NegotiatedVersion() }
+
+// Query is one fi_getinfo call.
+type Query struct {
+	Hints         *Info   // nil: no hints (everything the providers offer)
+	Node          string  // destination (or, with Source, local) node
+	Service       string  // destination (or, with Source, local) port
+	Source        bool    // FI_SOURCE: Node and Service name the local address
+	ProvidersOnly bool    // FI_PROV_ATTR_ONLY: only provider names and versions
+	Version       Version // zero: APIVersion()
+}
+
+// GetInfoError is a failed fi_getinfo with a description of what was asked.
+// errors.Is(err, ErrNoData) tells "nothing matched" from other failures.
+type GetInfoError struct {
+	Query Query
+	Err   error
+}
+
+func (e *GetInfoError) Error() string {
+	return fmt.Sprintf("fi_getinfo (API %s%s): %v", e.version(), e.describe(), unwrapCall(e.Err))
+}
+
+// Unwrap exposes the libfabric error.
+func (e *GetInfoError) Unwrap() error { return e.Err }
+
+func (e *GetInfoError) version() Version {
+	if e.Query.Version != 0 {
+		return e.Query.Version
+	}
+	return APIVersion()
+}
+
+func (e *GetInfoError) describe() string {
+	var parts []string
+	if h := e.Query.Hints; h != nil {
+		if h.Fabric.ProvName != "" {
+			parts = append(parts, "provider "+h.Fabric.ProvName)
+		}
+		if h.Fabric.Name != "" {
+			parts = append(parts, "fabric "+h.Fabric.Name)
+		}
+		if h.Domain.Name != "" {
+			parts = append(parts, "domain "+h.Domain.Name)
+		}
+		if h.EP.Type != 0 {
+			parts = append(parts, "endpoint "+h.EP.Type.String())
+		}
+		if h.Caps != 0 {
+			parts = append(parts, "caps "+h.Caps.String())
+		}
+	}
+	if e.Query.Node != "" || e.Query.Service != "" {
+		parts = append(parts, "node "+e.Query.Node+":"+e.Query.Service)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(parts, ", ")
+}
+
+func unwrapCall(err error) error {
+	if ce, ok := err.(*CallError); ok {
+		return ce.Errno
+	}
+	return err
+}
+
+// GetInfo runs fi_getinfo and returns every fi_info as a Go value, in the
+// provider's order.
+func GetInfo(q Query) ([]Info, error) {
+	if err := EFAAbortTrap(); err != nil {
+		return nil, err
+	}
+	v := q.Version
+	if v == 0 {
+		v = APIVersion()
+	}
+	var flags uint64
+	if q.Source {
+		flags |= ofi.GetInfoSource
+	}
+	if q.ProvidersOnly {
+		flags |= ofi.GetInfoProvAttrOnly
+	}
+	infos, err := ofi.GetInfo(v, q.Node, q.Service, flags, q.Hints)
+	if err != nil {
+		return nil, &GetInfoError{Query: q, Err: err}
+	}
+	return infos, nil
+}
+
+// RMACaps are the capabilities fitransfer needs: one-sided read and write
+// in both directions, plus messages.
+const RMACaps = CapMsg | CapRMA | CapRead | CapWrite | CapRemoteRead | CapRemoteWrite
+
+// SupportedMRMode is every memory registration mode fitransfer handles.
+const SupportedMRMode = MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MREndpoint
+
+// RMAHints are the hints fitransfer asks providers with: an RDM endpoint
+// with RMACaps, the MR modes it supports, FI_AV_TABLE and the op-context
+// modes (it passes an fi_context2 with every op). It never hints
+// FI_PROGRESS_AUTO (2.1+ efa answers -FI_ENODATA to it). provider may be
+// empty; it may name a provider ("shm", "tcp;ofi_rxm", "efa").
+func RMAHints(provider string) *Info {
+	h := &Info{Caps: RMACaps, Mode: ofi.ModeContext | ofi.ModeContext2}
+	h.EP.Type = EPRDM
+	h.Domain.MRMode = SupportedMRMode
+	h.Domain.AVType = ofi.AVTable
+	h.Fabric.ProvName = provider
+	return h
+}

@@ -1,0 +1,7 @@
+package ofi
+
+/*
+#cgo pkg-config: libfabric
+#include "ofi.h"
+*/
+import "C"
