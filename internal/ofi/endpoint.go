@@ -60,11 +60,11 @@ func (ep *Endpoint) MaxRMASize() (uint64, error) {
 // HeadersHave reports which optional libfabric features the headers this
 // binary was compiled with declare.
 type HeadersHave struct {
-	EFAEmulatedOpts  bool `json:"efa_emulated_opts"`   // FI_OPT_EFA_EMULATED_READ/WRITE (1.18)
-	CUDAAPIPermitted bool `json:"cuda_api_permitted"`  // FI_OPT_CUDA_API_PERMITTED (1.18)
+	EFAEmulatedOpts  bool `json:"efa_emulated_opts"`    // FI_OPT_EFA_EMULATED_READ/WRITE (1.18)
+	CUDAAPIPermitted bool `json:"cuda_api_permitted"`   // FI_OPT_CUDA_API_PERMITTED (1.18)
 	SharedMemPermit  bool `json:"shared_mem_permitted"` // FI_OPT_SHARED_MEMORY_PERMITTED (1.22)
-	MaxRMASize       bool `json:"max_rma_size"`        // FI_OPT_MAX_RMA_SIZE (1.22)
-	EFADirectFabric  bool `json:"efa_direct_fabric"`   // the efa-direct fabric (2.1)
+	MaxRMASize       bool `json:"max_rma_size"`         // FI_OPT_MAX_RMA_SIZE (1.22)
+	EFADirectFabric  bool `json:"efa_direct_fabric"`    // the efa-direct fabric (2.1)
 }
 
 // CompiledFeatures reports the optional features of the compiled headers.
