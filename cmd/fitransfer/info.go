@@ -1,0 +1,196 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+// knownProviders are provider names libfabric 1.17–2.x can be built with,
+// so that `-p efa` on a machine without EFA is told apart from a typo.
+var knownProviders = []string{
+	"bgq", "cxi", "efa", "gni", "lnx", "lpp", "mlx", "mrail", "net", "netdir", "ofi_mrail",
+	"ofi_rxd", "ofi_rxm", "opx", "psm", "psm2", "psm3", "rstream", "rxd", "rxm", "shm", "sm2",
+	"sockets", "tcp", "ucx", "udp", "usnic", "verbs",
+}
+
+func runInfo(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fitransfer info", flag.ContinueOnError)
+	var (
+		node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov string
+		list, verbose, version, asJSON                                            bool
+	)
+	str := func(p *string, short, long, help string) {
+		fs.StringVar(p, short, "", help)
+		fs.StringVar(p, long, "", help)
+	}
+	boolean := func(p *bool, short, long, help string) {
+		fs.BoolVar(p, short, false, help)
+		fs.BoolVar(p, long, false, help)
+	}
+	str(&src, "s", "src_addr", "source name or address (sets FI_SOURCE)")
+	str(&node, "n", "node", "dest node name or address")
+	str(&port, "P", "port", "port number")
+	str(&caps, "c", "caps", "one or more capabilities: FI_MSG|FI_RMA...")
+	str(&mode, "m", "mode", "one or more modes, default all modes")
+	str(&epType, "t", "ep_type", "endpoint type: FI_EP_MSG, FI_EP_DGRAM, FI_EP_RDM...")
+	str(&domain, "d", "domain", "domain name")
+	str(&fabricName, "f", "fabric", "fabric name")
+	str(&addrFormat, "a", "addr_format", "address format: FI_FORMAT_UNSPEC, FI_SOCKADDR...")
+	str(&prov, "p", "provider", "provider, e.g. shm, tcp, \"tcp;ofi_rxm\", efa")
+	boolean(&list, "l", "list", "list available libfabric providers")
+	boolean(&verbose, "v", "verbose", "verbose output (fi_tostr of every fi_info)")
+	fs.BoolVar(&version, "version", false, "print version info and exit")
+	fs.BoolVar(&asJSON, "json", false, "print everything as JSON (docs/info-json.md)")
+	fs.Usage = defaultUsage(fs, "[flags]  (the flags of fi_info, same meaning)")
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	vers := fabric.CurrentVersions()
+	if version {
+		fmt.Fprintf(stdout, "fitransfer: %s\nlibfabric: %s\nlibfabric api: %s\n", buildVersion(), vers.Library, vers.Compiled)
+		fmt.Fprintf(stdout, "negotiated api: %s (older of compiled %s and runtime %s)\n", vers.API, vers.Compiled, vers.Runtime)
+		return exitOK
+	}
+
+	// Hints exactly as fi_info builds them, so the answers are the same.
+	var hints *fabric.Info
+	h := &fabric.Info{Mode: ^fabric.Mode(0)}
+	h.Domain.Mode = ^fabric.Mode(0)
+	h.Domain.MRMode = ^fabric.MRMode(0) &^ (1 | 2) // all but FI_MR_BASIC | FI_MR_SCALABLE
+	bad := func(err error) int {
+		fmt.Fprintf(stderr, "fitransfer info: %v\n", err)
+		return exitUsage
+	}
+	if caps != "" {
+		c, err := fabric.ParseCaps(caps)
+		if err != nil {
+			return bad(err)
+		}
+		h.Caps, hints = c, h
+	}
+	if mode != "" {
+		m, err := fabric.ParseMode(mode)
+		if err != nil {
+			return bad(err)
+		}
+		h.Mode, hints = m, h
+	}
+	if epType != "" {
+		t, err := fabric.ParseEPType(epType)
+		if err != nil {
+			return bad(err)
+		}
+		h.EP.Type, hints = t, h
+	}
+	if addrFormat != "" {
+		a, err := fabric.ParseAddrFormat(addrFormat)
+		if err != nil {
+			return bad(err)
+		}
+		h.AddrFormat, hints = a, h
+	}
+	if prov != "" {
+		if err := checkProviderName(prov); err != nil {
+			return bad(err)
+		}
+		h.Fabric.ProvName, hints = prov, h
+	}
+	if domain != "" {
+		h.Domain.Name, hints = domain, h
+	}
+	if fabricName != "" {
+		h.Fabric.Name, hints = fabricName, h
+	}
+	q := fabric.Query{Hints: hints, Node: node, Service: port, ProvidersOnly: list}
+	if src != "" {
+		q.Node, q.Source = src, true
+	}
+	infos, err := fabric.GetInfo(q)
+	if err != nil {
+		fmt.Fprintf(stderr, "fitransfer info: %v%s\n", err, noDataHint(err, prov))
+		return exitFail
+	}
+	switch {
+	case asJSON:
+		r := fabric.Report{Libfabric: vers}
+		if list {
+			r.Providers = fabric.ProvidersOf(infos)
+		} else {
+			r.Infos = infos
+		}
+		err = fabric.WriteJSON(stdout, r)
+	case verbose:
+		err = fabric.WriteVerbose(stdout, infos)
+	case list:
+		err = fabric.WriteProviders(stdout, infos)
+	default:
+		err = fabric.WriteSummary(stdout, infos)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fitransfer info: %v\n", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// checkProviderName accepts what fi_getinfo accepts in prov_name: names
+// joined by ';' (layering) or ',' (a list), each optionally prefixed by
+// '^' (exclusion). Every name must be one libfabric knows.
+func checkProviderName(p string) error {
+	avail := availableProviders()
+	for _, part := range strings.FieldsFunc(p, func(r rune) bool { return r == ';' || r == ',' }) {
+		name := strings.TrimPrefix(strings.TrimSpace(part), "^")
+		if name == "" || contains(avail, name) || contains(knownProviders, name) || strings.HasPrefix(name, "ofi_hook_") {
+			continue
+		}
+		return fmt.Errorf("unknown provider %q; available here: %s (libfabric also knows: %s)",
+			name, strings.Join(avail, ", "), strings.Join(knownProviders, ", "))
+	}
+	return nil
+}
+
+// availableProviders is `fi_info -l`: the providers that loaded here.
+func availableProviders() []string {
+	infos, err := fabric.GetInfo(fabric.Query{ProvidersOnly: true})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range fabric.ProvidersOf(infos) {
+		if !contains(out, p.Name) {
+			out = append(out, p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// noDataHint explains -FI_ENODATA for a provider that exists but did not
+// answer.
+func noDataHint(err error, prov string) string {
+	if !errors.Is(err, fabric.ErrNoData) {
+		return ""
+	}
+	if prov != "" && !contains(availableProviders(), strings.TrimPrefix(prov, "^")) {
+		if prov == "efa" {
+			return "; the efa provider found no EFA device here (run `fitransfer doctor`)"
+		}
+		return fmt.Sprintf("; provider %q did not load on this machine (see `fitransfer info -l`)", prov)
+	}
+	return "; no provider matches these filters"
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

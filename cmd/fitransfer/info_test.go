@@ -1,0 +1,170 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fiInfo runs the real fi_info (Debian's libfabric-bin, installed by
+// `make deps`).
+func fiInfo(t *testing.T, args ...string) string {
+	t.Helper()
+	path, err := exec.LookPath("fi_info")
+	require.NoError(t, err, "fi_info not found: run `make deps` (apt-get install libfabric-bin)")
+	out, err := exec.Command(path, args...).Output()
+	require.NoError(t, err, "fi_info %v", args)
+	return string(out)
+}
+
+// shmAddr is the shm provider's address, which embeds the process id.
+var shmAddr = regexp.MustCompile(`fi_shm://\d+`)
+
+// samePID replaces the pid in shm addresses: fi_info's and ours differ
+// only there, because they are different processes.
+func samePID(s string) string { return shmAddr.ReplaceAllString(s, "fi_shm://PID") }
+
+func TestInfoMatchesFiInfo(t *testing.T) {
+	cases := [][]string{
+		{},
+		{"-p", "tcp"},
+		{"-p", "shm"},
+		{"-t", "FI_EP_RDM", "-c", "FI_RMA"},
+		{"-l"},
+		{"-v"},
+		{"-v", "-p", "shm"},
+		{"-p", "tcp", "-t", "FI_EP_MSG"},
+		{"--provider=tcp", "--ep_type=FI_EP_RDM"},
+		{"-c", "FI_MSG|FI_RMA", "-m", "FI_CONTEXT"},
+		{"-a", "FI_SOCKADDR_IN", "-p", "tcp"},
+		{"-n", "127.0.0.1", "-P", "7777", "-p", "tcp"},
+		{"-d", "lo", "-p", "tcp"},
+		{"-f", "shm"},
+		{"-l", "-p", "shm"},
+	}
+	for _, args := range cases {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			want := fiInfo(t, args...)
+			got, stderr, code := runCLI(append([]string{"info"}, args...)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Equal(t, samePID(want), samePID(got))
+		})
+	}
+}
+
+func TestInfoJSON(t *testing.T) {
+	out, stderr, code := runCLI("info", "--json", "-p", "tcp")
+	require.Equal(t, 0, code, stderr)
+	var r struct {
+		Libfabric map[string]string `json:"libfabric"`
+		Infos     []struct {
+			Caps       []string `json:"caps"`
+			AddrFormat string   `json:"addr_format"`
+			SrcAddr    struct {
+				Str string `json:"str"`
+			} `json:"src_addr"`
+			EP struct {
+				Type       string `json:"type"`
+				MaxMsgSize uint64 `json:"max_msg_size"`
+			} `json:"ep_attr"`
+			Domain struct {
+				Name   string   `json:"name"`
+				MRMode []string `json:"mr_mode"`
+			} `json:"domain_attr"`
+			Fabric struct {
+				ProvName    string `json:"prov_name"`
+				ProvVersion string `json:"prov_version"`
+			} `json:"fabric_attr"`
+		} `json:"infos"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	assert.NotEmpty(t, r.Libfabric["library"])
+	require.NotEmpty(t, r.Infos)
+	// The JSON says what the summary says, in the same order.
+	summary := fiInfo(t, "-p", "tcp")
+	var i int
+	for _, line := range strings.Split(summary, "\n") {
+		if strings.HasPrefix(line, "    domain: ") {
+			require.Less(t, i, len(r.Infos))
+			assert.Equal(t, strings.TrimPrefix(line, "    domain: "), r.Infos[i].Domain.Name)
+			i++
+		}
+	}
+	assert.Equal(t, len(r.Infos), i)
+	for _, in := range r.Infos {
+		assert.Contains(t, []string{"tcp", "tcp;ofi_rxm"}, in.Fabric.ProvName)
+		assert.Contains(t, in.Caps, "FI_MSG")
+		assert.NotEmpty(t, in.SrcAddr.Str)
+		assert.NotEmpty(t, in.EP.Type)
+	}
+
+	out, stderr, code = runCLI("info", "--json", "-l")
+	require.Equal(t, 0, code, stderr)
+	var l struct {
+		Providers []struct{ Name, Version string } `json:"providers"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &l))
+	assert.NotEmpty(t, l.Providers)
+}
+
+func TestInfoVersion(t *testing.T) {
+	want := fiInfo(t, "--version")
+	got, _, code := runCLI("info", "--version")
+	require.Equal(t, 0, code)
+	// Same lines as fi_info but the first (the tool's own version).
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	assert.Equal(t, w[1:3], g[1:3])
+}
+
+func TestInfoBadInput(t *testing.T) {
+	tests := []struct {
+		args     []string
+		code     int
+		contains []string
+	}{
+		{[]string{"-p", "nosuchprov"}, 2, []string{`unknown provider "nosuchprov"`, "available here:", "tcp", "shm"}},
+		{[]string{"-p", "tcp;bogus"}, 2, []string{`unknown provider "bogus"`}},
+		{[]string{"-c", "FI_RMA|FI_NOPE"}, 2, []string{`unknown capability "FI_NOPE"`, "FI_MSG", "FI_RMA"}},
+		{[]string{"-t", "FI_EP_FOO"}, 2, []string{`unknown endpoint type "FI_EP_FOO"`, "FI_EP_RDM"}},
+		{[]string{"-m", "FI_WHAT"}, 2, []string{`unknown mode "FI_WHAT"`, "FI_CONTEXT"}},
+		{[]string{"-a", "FI_ADDR_X"}, 2, []string{`unknown address format "FI_ADDR_X"`, "FI_SOCKADDR_IN"}},
+		{[]string{"--no-such-flag"}, 2, []string{"flag provided but not defined"}},
+		{[]string{"extra"}, 2, []string{`unexpected argument "extra"`}},
+		{[]string{"-p", "efa"}, 1, []string{"No data available", "no EFA device"}},
+		{[]string{"-p", "psm2", "-t", "FI_EP_RDM"}, 1, []string{"No data available"}},
+		{[]string{"-p", "shm", "-t", "FI_EP_MSG"}, 1, []string{"No data available", "no provider matches"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, stderr, code := runCLI(append([]string{"info"}, tt.args...)...)
+			assert.Equal(t, tt.code, code, stderr)
+			for _, s := range tt.contains {
+				assert.Contains(t, stderr, s)
+			}
+			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+		})
+	}
+}
+
+func TestInfoNoPanicOnAnyCombination(t *testing.T) {
+	flags := [][]string{
+		{"-l"}, {"-v"}, {"--json"}, {"-p", "shm"}, {"-t", "FI_EP_MSG"}, {"-c", "FI_TAGGED"},
+		{"-n", "localhost"}, {"-s", "127.0.0.1"}, {"-P", "0"}, {"-m", "FI_CONTEXT2"}, {"-a", "FI_ADDR_STR"},
+		{"-f", "x"}, {"-d", "lo"},
+	}
+	for mask := 0; mask < 1<<len(flags); mask += 37 { // a spread of subsets
+		var args []string
+		for i, f := range flags {
+			if mask&(1<<i) != 0 {
+				args = append(args, f...)
+			}
+		}
+		_, stderr, code := runCLI(append([]string{"info"}, args...)...)
+		assert.Contains(t, []int{0, 1}, code, "%v: %s", args, stderr)
+	}
+}

@@ -1,0 +1,121 @@
+// Command fitransfer moves bytes between registered memory of two
+// processes with libfabric RMA, and tells what this machine's fabric can
+// do.
+//
+//	fitransfer info [fi_info flags] [--json]   what the providers offer
+//	fitransfer doctor [--json]                 can a transfer work here, and why not
+//
+// Run `fitransfer help` for every command.
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// exit statuses shared by every command.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the command ran and failed (no provider, transfer error)
+	exitUsage = 2 // bad flags or arguments
+)
+
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+func commands() []command {
+	return []command{
+		{"info", "list what libfabric's providers offer, as fi_info does (--json for all of it)", runInfo},
+		{"doctor", "check that transfers can work on this machine, with a fix for each problem", runDoctor},
+	}
+}
+
+func main() {
+	if handled, code := maybeRunChild(); handled {
+		os.Exit(code)
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		usage(stdout)
+		return exitOK
+	case "version", "--version":
+		return runInfo([]string{"--version"}, stdout, stderr)
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "fitransfer: unknown command %q; commands: %s\n", args[0], commandNames())
+	return exitUsage
+}
+
+func commandNames() string {
+	s := ""
+	for i, c := range commands() {
+		if i > 0 {
+			s += ", "
+		}
+		s += c.name
+	}
+	return s
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: fitransfer COMMAND [flags]")
+	fmt.Fprintln(w)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "`fitransfer COMMAND -h` lists a command's flags.")
+}
+
+// parseFlags parses a command's flags. On -h it prints the full usage to
+// stdout; on a bad flag it prints one line naming it. ok is false when the
+// command must return code.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, ok bool) {
+	var msg bytes.Buffer
+	fs.SetOutput(&msg)
+	usage := fs.Usage
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		usage()
+		return exitOK, false
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v (see `%s -h`)\n", fs.Name(), err, fs.Name())
+		return exitUsage, false
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see `%s -h`)\n", fs.Name(), fs.Arg(0), fs.Name())
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+// defaultUsage prints "usage: NAME ARGS" and the flag defaults to the flag
+// set's output.
+func defaultUsage(fs *flag.FlagSet, synopsis string) func() {
+	return func() {
+		fmt.Fprintf(fs.Output(), "usage: %s %s\n", fs.Name(), strings.TrimSpace(synopsis))
+		fs.PrintDefaults()
+	}
+}

@@ -1,0 +1,351 @@
+// Package doctor checks whether fitransfer transfers can work on this
+// machine and, for each problem, says how to fix it. `fitransfer doctor`
+// prints its Report.
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// Status is a check's outcome.
+type Status string
+
+// Check outcomes.
+const (
+	Pass Status = "pass"
+	Warn Status = "warn"
+	Fail Status = "fail"
+)
+
+// Check is one line of the report.
+type Check struct {
+	Name   string `json:"name"`
+	Status Status `json:"status"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"` // set for warn and fail
+}
+
+// Route is the backend a transfer to a peer would use.
+type Route struct {
+	Locality string `json:"locality"`
+	Backend  string `json:"backend,omitempty"`
+	Reason   string `json:"reason"`
+}
+
+// Report is everything doctor found. OK is false when no transfer could
+// work (the command then exits non-zero).
+type Report struct {
+	Libfabric fabric.Versions    `json:"libfabric"`
+	Headers   ofi.HeadersHave    `json:"headers"`
+	Checks    []Check            `json:"checks"`
+	Routes    []Route            `json:"routes"`
+	EFA       []fabric.EFADevice `json:"efa_devices"`
+	OK        bool               `json:"ok"`
+	Verdict   string             `json:"verdict"`
+}
+
+// Options point the checks at this machine; tests override them.
+type Options struct {
+	SysfsRoot string // default /sys
+	ShmDir    string // default /dev/shm
+	Exe       string // the binary to start as CMA probe target; default os.Executable
+	Policy    fabric.RMAPolicy
+	Ctx       context.Context // bounds the CMA probe; default Background
+}
+
+// minShmFree is the /dev/shm room below which doctor warns: the shm
+// provider maps a region per endpoint, and Docker's 64 MiB default is a
+// known cause of failures.
+const minShmFree = 256 << 20
+
+// Run performs every check.
+func Run(o Options) Report {
+	if o.SysfsRoot == "" {
+		o.SysfsRoot = fabric.SysfsRoot
+	}
+	if o.ShmDir == "" {
+		o.ShmDir = "/dev/shm"
+	}
+	if o.Ctx == nil {
+		o.Ctx = context.Background()
+	}
+	if o.Exe == "" {
+		o.Exe, _ = os.Executable()
+	}
+	r := Report{Libfabric: fabric.CurrentVersions(), Headers: ofi.CompiledFeatures()}
+	add := func(c Check) { r.Checks = append(r.Checks, c) }
+
+	add(checkVersion(r.Libfabric, r.Headers))
+
+	devs, err := fabric.EFADevices(o.SysfsRoot)
+	r.EFA = devs
+	trap := checkAbortTrap(devs)
+	add(trap)
+	if trap.Status == Fail {
+		// Any fi_getinfo may abort the process (1.17 aborts in provider
+		// init): stop before calling into libfabric.
+		r.Verdict = "no transfer can work until FI_EFA_USE_DEVICE_RDMA is unset"
+		return r
+	}
+
+	provs, perr := fabric.GetInfo(fabric.Query{ProvidersOnly: true})
+	add(checkProviders(provs, perr))
+
+	infos, ierr := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints("")})
+	if ierr != nil && !errors.Is(ierr, fabric.ErrNoData) {
+		add(Check{Name: "rma-providers", Status: Fail, Detail: ierr.Error(), Fix: "check the libfabric installation (`fi_info`)"})
+	}
+	facts := fabric.ProbeDeviceRMA(infos)
+	add(checkEFA(devs, err, infos, facts))
+	add(checkShmSpace(o.ShmDir))
+	add(checkCMA(o.Ctx, o.Exe))
+	add(checkMemlock(len(devs) > 0))
+	add(checkFIEnv())
+
+	sameNode := route(infos, fabric.SameNode, o.Policy, facts)
+	remote := route(infos, fabric.Remote, o.Policy, facts)
+	r.Routes = []Route{sameNode, remote}
+	for _, rt := range r.Routes {
+		c := Check{Name: "backend-" + strings.ReplaceAll(rt.Locality, " ", "-"), Status: Pass, Detail: rt.Reason}
+		if rt.Backend == "" {
+			c.Status, c.Fix = Fail, "install a libfabric with the shm and tcp providers (Debian: libfabric1), or run on an EFA instance"
+		} else {
+			c.Detail = rt.Backend + " — " + rt.Reason
+		}
+		add(c)
+	}
+	r.OK = sameNode.Backend != "" || remote.Backend != ""
+	switch {
+	case sameNode.Backend != "" && remote.Backend != "":
+		r.Verdict = fmt.Sprintf("transfers can work: same node over %s, remote over %s", sameNode.Backend, remote.Backend)
+	case r.OK:
+		r.Verdict = "transfers can work only partly: see the failed backend line"
+	default:
+		r.Verdict = "no transfer can work on this machine: see the failed lines"
+	}
+	return r
+}
+
+func route(infos []fabric.Info, loc fabric.Locality, p fabric.RMAPolicy, facts fabric.Facts) Route {
+	c, err := fabric.Select(infos, loc, p, facts)
+	if err != nil {
+		return Route{Locality: loc.String(), Reason: err.Error()}
+	}
+	return Route{Locality: loc.String(), Backend: string(c.Backend), Reason: c.Reason}
+}
+
+func checkVersion(v fabric.Versions, h ofi.HeadersHave) Check {
+	c := Check{Name: "libfabric", Status: Pass,
+		Detail: fmt.Sprintf("%s (API %s: compiled %s, runtime %s; optional features compiled in: %s)",
+			v.Library, v.API, v.Compiled, v.Runtime, featureList(h))}
+	if !v.API.AtLeast(1, 18) {
+		c.Status = Warn
+		c.Fix = "API " + v.API.String() + " < 1.18: efa cannot report emulated RMA and keeps device RDMA off on P4d-class parts; " +
+			"build against libfabric 1.18+ (AWS EFA installer: PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig make build)"
+	}
+	return c
+}
+
+func featureList(h ofi.HeadersHave) string {
+	var on []string
+	add := func(ok bool, name string) {
+		if ok {
+			on = append(on, name)
+		}
+	}
+	add(h.EFAEmulatedOpts, "FI_OPT_EFA_EMULATED_READ/WRITE")
+	add(h.CUDAAPIPermitted, "FI_OPT_CUDA_API_PERMITTED")
+	add(h.SharedMemPermit, "FI_OPT_SHARED_MEMORY_PERMITTED")
+	add(h.MaxRMASize, "FI_OPT_MAX_RMA_SIZE")
+	add(h.EFADirectFabric, "efa-direct")
+	if len(on) == 0 {
+		return "none (1.17 headers)"
+	}
+	return strings.Join(on, ", ")
+}
+
+func checkAbortTrap(devs []fabric.EFADevice) Check {
+	c := Check{Name: "efa-use-device-rdma", Status: Pass, Detail: "FI_EFA_USE_DEVICE_RDMA not set"}
+	if v, ok := os.LookupEnv("FI_EFA_USE_DEVICE_RDMA"); ok {
+		c.Detail = "FI_EFA_USE_DEVICE_RDMA=" + v
+	}
+	if err := fabric.EFAAbortTrap(); err != nil {
+		c.Status, c.Detail = Fail, err.Error()
+		c.Fix = "unset FI_EFA_USE_DEVICE_RDMA (this device cannot do RDMA read; the provider emulates it)"
+	}
+	return c
+}
+
+func checkProviders(provs []fabric.Info, err error) Check {
+	if err != nil {
+		return Check{Name: "providers", Status: Fail, Detail: err.Error(),
+			Fix: "install libfabric's providers (Debian: apt-get install libfabric1 libfabric-bin)"}
+	}
+	var names []string
+	for _, p := range fabric.ProvidersOf(provs) {
+		names = append(names, p.Name)
+	}
+	return Check{Name: "providers", Status: Pass, Detail: strings.Join(names, ", ")}
+}
+
+func checkEFA(devs []fabric.EFADevice, sysErr error, infos []fabric.Info, facts fabric.Facts) Check {
+	c := Check{Name: "efa", Status: Pass}
+	if sysErr != nil {
+		c.Status, c.Detail, c.Fix = Warn, "cannot read sysfs: "+sysErr.Error(), "run where /sys/class/infiniband is visible"
+		return c
+	}
+	efaInfos := 0
+	for _, in := range infos {
+		if in.Fabric.ProvName == "efa" {
+			efaInfos++
+		}
+	}
+	if len(devs) == 0 {
+		c.Detail = "no EFA device (sysfs); the efa provider is not used here"
+		if efaInfos > 0 {
+			c.Detail = "the efa provider answered but sysfs shows no EFA device"
+		}
+		return c
+	}
+	var parts []string
+	for _, d := range devs {
+		rma := facts.DeviceRMA[d.Name+"-rdm"]
+		parts = append(parts, fmt.Sprintf("%s (%s): RDMA read %s, write %s", d.Name, d.PCIDevice, rmaWord(rma.Read), rmaWord(rma.Write)))
+		if rma.Read != fabric.Yes || rma.Write != fabric.Yes {
+			c.Status = Warn
+		}
+	}
+	c.Detail = strings.Join(parts, "; ")
+	if efaInfos == 0 {
+		c.Status, c.Fix = Fail, "EFA device present but libfabric's efa provider did not answer: "+
+			"in a container, pass /dev/infiniband through; check that this libfabric has efa (`fi_info -p efa`) and that the EFA kernel driver is loaded"
+		return c
+	}
+	if c.Status == Warn {
+		c.Fix = "RMA that is not on the device is emulated by the efa provider (needs the target to progress) " +
+			"and used only with --allow-emulated; otherwise fitransfer falls back to tcp;ofi_rxm"
+	}
+	return c
+}
+
+func rmaWord(t fabric.Tristate) string {
+	switch t {
+	case fabric.Yes:
+		return "on device"
+	case fabric.No:
+		return "emulated"
+	}
+	return "unknown (needs libfabric API 1.18+)"
+}
+
+func checkShmSpace(dir string) Check {
+	c := Check{Name: "shm-space", Status: Pass}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		c.Status, c.Detail = Fail, dir+": "+err.Error()
+		c.Fix = "mount a tmpfs on " + dir + " (containers: docker run --shm-size=1g)"
+		return c
+	}
+	f, err := os.CreateTemp(dir, "fitransfer-doctor-*")
+	if err != nil {
+		c.Status, c.Detail = Fail, dir+" not writable: "+err.Error()
+		c.Fix = "make " + dir + " writable by this user (mode 1777)"
+		return c
+	}
+	f.Close()
+	os.Remove(f.Name())
+	free := st.Bavail * uint64(st.Bsize)
+	c.Detail = fmt.Sprintf("%s: %s free", dir, mib(free))
+	if free < minShmFree {
+		c.Status = Warn
+		c.Fix = fmt.Sprintf("shm maps a region per endpoint and fails when %s is full; give it ≥ %s (docker run --shm-size=1g)", dir, mib(minShmFree))
+	}
+	return c
+}
+
+func checkCMA(ctx context.Context, exe string) Check {
+	c := Check{Name: "shm-cma", Status: Pass}
+	scope := strings.TrimSpace(readFile("/proc/sys/kernel/yama/ptrace_scope"))
+	err := probeCMA(ctx, exe)
+	switch {
+	case err != nil:
+		c.Status, c.Detail = Warn, "process_vm_writev into a child process failed: "+err.Error()
+		c.Fix = "shm then copies through shared memory (slower, needs the target to progress); allow ptrace between the processes " +
+			"(echo 0 > /proc/sys/kernel/yama/ptrace_scope, or CAP_SYS_PTRACE; docker: --cap-add SYS_PTRACE)"
+	case scope == "1":
+		c.Status, c.Detail = Warn, "process_vm_writev works to a child, but yama ptrace_scope=1 blocks it between unrelated processes"
+		c.Fix = "for single-copy shm between unrelated processes: echo 0 > /proc/sys/kernel/yama/ptrace_scope, or give CAP_SYS_PTRACE"
+	case scope == "2" || scope == "3":
+		c.Status, c.Detail = Warn, "yama ptrace_scope="+scope+": CMA needs CAP_SYS_PTRACE"
+		c.Fix = "run with CAP_SYS_PTRACE, or lower /proc/sys/kernel/yama/ptrace_scope"
+	default:
+		c.Detail = "process_vm_writev into another process works (shm single-copy RMA)"
+		if scope != "" {
+			c.Detail += "; yama ptrace_scope=" + scope
+		}
+	}
+	return c
+}
+
+func checkMemlock(haveEFA bool) Check {
+	c := Check{Name: "memlock", Status: Pass}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		c.Status, c.Detail, c.Fix = Warn, err.Error(), "check ulimit -l"
+		return c
+	}
+	if rl.Cur == unix.RLIM_INFINITY {
+		c.Detail = "unlimited"
+		return c
+	}
+	c.Detail = mib(rl.Cur)
+	if haveEFA {
+		c.Status = Warn
+		c.Fix = "EFA pins registered memory: raise it (ulimit -l unlimited; systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1)"
+	} else {
+		c.Detail += " (shm and tcp do not pin memory)"
+	}
+	return c
+}
+
+func checkFIEnv() Check {
+	var vars []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "FI_") {
+			vars = append(vars, kv)
+		}
+	}
+	sort.Strings(vars)
+	c := Check{Name: "fi-env", Status: Pass, Detail: "no FI_* variables set"}
+	if len(vars) > 0 {
+		c.Detail = strings.Join(vars, " ")
+	}
+	for _, kv := range vars {
+		if strings.HasPrefix(kv, "FI_PROVIDER=") {
+			c.Status = Warn
+			c.Fix = "FI_PROVIDER limits which providers load; unset it unless that is intended"
+		}
+	}
+	return c
+}
+
+func readFile(path string) string {
+	b, err := os.ReadFile(filepath.Clean(path))
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+func mib(n uint64) string { return fmt.Sprintf("%d MiB", n>>20) }

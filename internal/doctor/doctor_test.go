@@ -1,0 +1,99 @@
+package doctor
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+func TestMain(m *testing.M) {
+	if handled, code := MaybeRunCMAChild(); handled {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func byName(r Report) map[string]Check {
+	m := map[string]Check{}
+	for _, c := range r.Checks {
+		m[c.Name] = c
+	}
+	return m
+}
+
+func TestRunOnThisMachine(t *testing.T) {
+	r := Run(Options{})
+	checks := byName(r)
+	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "backend-same-node", "backend-remote"} {
+		require.Contains(t, checks, name)
+	}
+	for _, c := range r.Checks {
+		if c.Status != Pass {
+			assert.NotEmpty(t, c.Fix, "%s is %s without a fix", c.Name, c.Status)
+		}
+	}
+	assert.True(t, r.OK, r.Verdict)
+	assert.Equal(t, Pass, checks["backend-same-node"].Status)
+	assert.Contains(t, checks["backend-same-node"].Detail, "shm")
+	assert.Equal(t, Pass, checks["shm-cma"].Status, checks["shm-cma"].Detail)
+	assert.Contains(t, checks["providers"].Detail, "tcp")
+}
+
+func TestShmSpace(t *testing.T) {
+	c := checkShmSpace(filepath.Join(t.TempDir(), "missing"))
+	assert.Equal(t, Fail, c.Status)
+	assert.Contains(t, c.Fix, "--shm-size")
+
+	if os.Geteuid() != 0 {
+		ro := t.TempDir()
+		require.NoError(t, os.Chmod(ro, 0o555))
+		c = checkShmSpace(ro)
+		assert.Equal(t, Fail, c.Status)
+		assert.Contains(t, c.Detail, "not writable")
+	}
+
+	c = checkShmSpace(t.TempDir())
+	assert.NotEqual(t, Fail, c.Status)
+	assert.Contains(t, c.Detail, "MiB free")
+}
+
+func TestCMAProbeFailsCleanly(t *testing.T) {
+	// A target that is not the probe child: the probe must fail with an
+	// error, within its deadline, not hang.
+	err := probeCMA(context.Background(), "/bin/true")
+	require.Error(t, err)
+}
+
+func TestCMAProbeWorksHere(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	require.NoError(t, probeCMA(context.Background(), exe))
+}
+
+func TestEFAWithoutProviderFails(t *testing.T) {
+	devs := []fabric.EFADevice{{Name: "rdmap16s27", PCIDevice: "0xefa1", ReadLikely: fabric.Yes}}
+	c := checkEFA(devs, nil, nil, fabric.Facts{})
+	assert.Equal(t, Fail, c.Status)
+	assert.Contains(t, c.Fix, "/dev/infiniband")
+
+	efa := fabric.Info{}
+	efa.Fabric.ProvName = "efa"
+	c = checkEFA(devs, nil, []fabric.Info{efa}, fabric.Facts{DeviceRMA: map[string]fabric.DeviceRMA{
+		"rdmap16s27-rdm": {Read: fabric.Yes, Write: fabric.No}}})
+	assert.Equal(t, Warn, c.Status)
+	assert.Contains(t, c.Detail, "RDMA read on device, write emulated")
+	assert.Contains(t, c.Fix, "--allow-emulated")
+}
+
+func TestFIEnv(t *testing.T) {
+	t.Setenv("FI_PROVIDER", "tcp")
+	c := checkFIEnv()
+	assert.Equal(t, Warn, c.Status)
+	assert.Contains(t, c.Detail, "FI_PROVIDER=tcp")
+}
