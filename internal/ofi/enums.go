@@ -107,13 +107,21 @@ func (t enumTable) name(v uint32) string {
 	return fmt.Sprintf("Unknown(%d)", v)
 }
 
-// parse accepts a name with or without the FI_ prefix, any case.
+// parse accepts a name in any case, whole ("FI_EP_RDM") or by a suffix
+// that names one value only ("rdm", "EP_RDM").
 func (t enumTable) parse(s string) (uint32, error) {
 	u := strings.ToUpper(strings.TrimSpace(s))
+	match, count := 0, 0
 	for i, n := range t.names {
-		if n == u || n == "FI_"+u {
+		if n == u {
 			return uint32(i), nil
 		}
+		if u != "" && strings.HasSuffix(n, "_"+u) {
+			match, count = i, count+1
+		}
+	}
+	if count == 1 {
+		return uint32(match), nil
 	}
 	return 0, &BadNameError{What: t.what, Name: s, Valid: t.names}
 }
