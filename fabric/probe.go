@@ -60,24 +60,16 @@ func probeEmulated(in *Info) (DeviceRMA, error) {
 		return DeviceRMA{}, err
 	}
 	defer d.Close()
-	ep, err := d.OpenEndpoint()
+	emuRead, emuWrite, err := d.ProbeEFAEmulated()
 	if err != nil {
 		return DeviceRMA{}, err
 	}
-	defer ep.Close()
-	var r DeviceRMA
-	for _, op := range []struct {
-		write bool
-		dst   *Tristate
-	}{{false, &r.Read}, {true, &r.Write}} {
-		emulated, err := ep.EFAEmulated(op.write)
-		if err != nil {
-			return DeviceRMA{}, err
-		}
-		*op.dst = Yes
-		if emulated {
-			*op.dst = No
-		}
+	r := DeviceRMA{Read: Yes, Write: Yes}
+	if emuRead {
+		r.Read = No
+	}
+	if emuWrite {
+		r.Write = No
 	}
 	return r, nil
 }

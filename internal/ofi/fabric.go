@@ -13,8 +13,9 @@ type Fabric struct {
 // Domain is an open fid_domain, with the fi_info it was opened from kept in
 // C for the endpoints opened on it.
 type Domain struct {
-	c    *C.struct_fid_domain
-	info *C.struct_fi_info
+	c      *C.struct_fid_domain
+	fabric *C.struct_fid_fabric
+	info   *C.struct_fi_info
 }
 
 // OpenFabric opens the fabric an Info names (fi_fabric).
@@ -47,7 +48,7 @@ func (f *Fabric) OpenDomain(i *Info) (*Domain, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Domain{info: ci}
+	d := &Domain{info: ci, fabric: f.c}
 	if err := check("fi_domain", C.fi_domain(f.c, ci, &d.c, nil)); err != nil {
 		C.fi_freeinfo(ci)
 		return nil, err

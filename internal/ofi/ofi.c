@@ -118,3 +118,265 @@ int ft_ep_max_rma_size(struct fid_ep *ep, size_t *size)
 	return -FI_ENOSYS;
 #endif
 }
+
+/* ---- endpoints ---- */
+
+int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
+	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep *out, const char **stage)
+{
+	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_CONTEXT,
+				      .wait_obj = FI_WAIT_NONE, .size = cq_size };
+	struct fi_eq_attr eq_attr = { .size = 64, .wait_obj = FI_WAIT_NONE };
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	*stage = "fi_eq_open";
+	ret = fi_eq_open(fabric, &eq_attr, &out->eq, NULL);
+	if (ret)
+		goto err;
+	*stage = "fi_av_open";
+	ret = fi_av_open(domain, &av_attr, &out->av, NULL);
+	if (ret)
+		goto err;
+	*stage = "fi_cq_open";
+	*waitable = 0;
+	if (cq_wait) {
+		cq_attr.wait_obj = FI_WAIT_UNSPEC;
+		ret = fi_cq_open(domain, &cq_attr, &out->cq, NULL);
+		if (!ret)
+			*waitable = 1;
+		cq_attr.wait_obj = FI_WAIT_NONE;
+	}
+	if (!*waitable) {
+		ret = fi_cq_open(domain, &cq_attr, &out->cq, NULL);
+		if (ret)
+			goto err;
+	}
+	*stage = "fi_endpoint";
+	ret = fi_endpoint(domain, info, &out->ep, NULL);
+	if (ret)
+		goto err;
+	*stage = "fi_ep_bind(eq)";
+	ret = fi_ep_bind(out->ep, &out->eq->fid, 0);
+	if (ret && ret != -FI_ENOSYS)
+		goto err;
+	*stage = "fi_ep_bind(av)";
+	ret = fi_ep_bind(out->ep, &out->av->fid, 0);
+	if (ret)
+		goto err;
+	*stage = "fi_ep_bind(cq)";
+	ret = fi_ep_bind(out->ep, &out->cq->fid, FI_TRANSMIT | FI_RECV);
+	if (ret)
+		goto err;
+	*stage = "fi_enable";
+	ret = fi_enable(out->ep);
+	if (ret)
+		goto err;
+	*stage = NULL;
+	return 0;
+err:
+	ft_ep_close(out);
+	return ret;
+}
+
+void ft_ep_close(struct ft_ep *e)
+{
+	if (e->ep)
+		fi_close(&e->ep->fid);
+	if (e->av)
+		fi_close(&e->av->fid);
+	if (e->cq)
+		fi_close(&e->cq->fid);
+	if (e->eq)
+		fi_close(&e->eq->fid);
+	memset(e, 0, sizeof(*e));
+}
+
+int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr)
+{
+	fi_addr_t a = FI_ADDR_NOTAVAIL;
+	int ret = fi_av_insert(e->av, name, 1, &a, 0, NULL);
+	if (ret < 0)
+		return ret;
+	if (ret != 1 || a == FI_ADDR_NOTAVAIL)
+		return -FI_EINVAL;
+	*addr = a;
+	return 0;
+}
+
+/* ---- memory registration ---- */
+
+int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, void *buf, size_t len,
+	      uint64_t access, uint64_t requested_key, int iface, int device,
+	      struct fid_mr **mr, const char **stage)
+{
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct fi_mr_attr attr;
+	uint64_t flags = 0;
+	int ret;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.mr_iov = &iov;
+	attr.iov_count = 1;
+	attr.access = access;
+	attr.requested_key = requested_key;
+	attr.iface = (enum fi_hmem_iface)iface;
+	attr.device.reserved = 0;
+	attr.device.cuda = device;
+	*stage = "fi_mr_regattr";
+	ret = fi_mr_regattr(domain, &attr, flags, mr);
+	if (ret)
+		return ret;
+	if (bind_ep) {
+		*stage = "fi_mr_bind";
+		ret = fi_mr_bind(*mr, &bind_ep->fid, 0);
+		if (!ret) {
+			*stage = "fi_mr_enable";
+			ret = fi_mr_enable(*mr);
+		}
+		if (ret) {
+			fi_close(&(*mr)->fid);
+			*mr = NULL;
+			return ret;
+		}
+	}
+	*stage = NULL;
+	return 0;
+}
+
+/* ---- data path ---- */
+
+int ft_post(struct fid_ep *ep, const struct ft_op *ops, int n,
+	    struct fi_context2 *ctx, ssize_t *rc)
+{
+	int i;
+
+	*rc = 0;
+	for (i = 0; i < n; i++) {
+		const struct ft_op *op = &ops[i];
+		struct iovec iov = { .iov_base = (void *)(uintptr_t)op->local, .iov_len = op->len };
+		struct fi_rma_iov rma = { .addr = op->remote, .len = op->len, .key = op->key };
+		void *desc = op->desc;
+		struct fi_msg_rma msg = {
+			.msg_iov = &iov, .desc = &desc, .iov_count = 1,
+			.addr = op->peer, .rma_iov = &rma, .rma_iov_count = 1,
+			.context = &ctx[op->slot], .data = 0,
+		};
+		ssize_t ret = op->write ? fi_writemsg(ep, &msg, op->flags)
+					: fi_readmsg(ep, &msg, op->flags);
+		if (ret) {
+			*rc = ret;
+			break;
+		}
+	}
+	return i;
+}
+
+static uint32_t ft_slot_of(const void *op_context, const struct fi_context2 *ctx, uint32_t nctx)
+{
+	const struct fi_context2 *c = op_context;
+	if (!c || c < ctx || c >= ctx + nctx)
+		return FT_NO_SLOT;
+	return (uint32_t)(c - ctx);
+}
+
+int ft_cq_read(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+	       uint32_t *slots, int max)
+{
+	struct fi_cq_entry entries[64];
+	ssize_t ret;
+	int i;
+
+	if (max > 64)
+		max = 64;
+	ret = fi_cq_read(cq, entries, max);
+	if (ret == -FI_EAGAIN)
+		return 0;
+	if (ret < 0)
+		return (int)ret;
+	for (i = 0; i < ret; i++)
+		slots[i] = ft_slot_of(entries[i].op_context, ctx, nctx);
+	return (int)ret;
+}
+
+int ft_cq_sread(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+		uint32_t *slots, int max, int timeout_ms)
+{
+	struct fi_cq_entry entries[64];
+	ssize_t ret;
+	int i;
+
+	if (max > 64)
+		max = 64;
+	ret = fi_cq_sread(cq, entries, max, NULL, timeout_ms);
+	if (ret == -FI_EAGAIN || ret == -FI_ETIMEDOUT || ret == -FI_EINTR || ret == -FI_ECANCELED)
+		return 0;
+	if (ret < 0)
+		return (int)ret;
+	for (i = 0; i < ret; i++)
+		slots[i] = ft_slot_of(entries[i].op_context, ctx, nctx);
+	return (int)ret;
+}
+
+int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+		  struct ft_cq_err *out)
+{
+	char err_data[512];
+	struct fi_cq_err_entry e;
+	const char *s;
+	ssize_t ret;
+
+	memset(&e, 0, sizeof(e));
+	e.err_data = err_data;
+	e.err_data_size = sizeof(err_data);
+	ret = fi_cq_readerr(cq, &e, 0);
+	if (ret == -FI_EAGAIN)
+		return 0;
+	if (ret < 0)
+		return (int)ret;
+	out->err = e.err;
+	out->prov_errno = e.prov_errno;
+	out->slot = ft_slot_of(e.op_context, ctx, nctx);
+	out->len = e.len;
+	out->flags = e.flags;
+	out->msg[0] = '\0';
+	s = fi_cq_strerror(cq, e.prov_errno, e.err_data, out->msg, sizeof(out->msg));
+	if (s && s != out->msg)
+		snprintf(out->msg, sizeof(out->msg), "%s", s);
+	return 1;
+}
+
+int ft_eq_poll(struct fid_eq *eq, uint32_t *event, char *msg, size_t len)
+{
+	struct fi_eq_err_entry e;
+	char buf[256];
+	const char *s;
+	ssize_t ret;
+
+	ret = fi_eq_read(eq, event, buf, sizeof(buf), 0);
+	if (ret == -FI_EAGAIN)
+		return 0;
+	if (ret == -FI_EAVAIL) {
+		memset(&e, 0, sizeof(e));
+		ret = fi_eq_readerr(eq, &e, 0);
+		if (ret < 0)
+			return ret == -FI_EAGAIN ? 0 : (int)ret;
+		msg[0] = '\0';
+		s = fi_eq_strerror(eq, e.prov_errno, e.err_data, msg, len);
+		if (s && s != msg)
+			snprintf(msg, len, "%s", s);
+		if (!msg[0])
+			snprintf(msg, len, "%s", fi_strerror(e.err));
+		return 1;
+	}
+	if (ret < 0)
+		return (int)ret;
+	return 2;
+}
+
+int ft_av_remove(struct ft_ep *e, uint64_t addr)
+{
+	fi_addr_t a = addr;
+	return fi_av_remove(e->av, &a, 1, 0);
+}

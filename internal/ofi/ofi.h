@@ -46,3 +46,87 @@ int ft_ep_efa_emulated(struct fid_ep *ep, int write);
 /* fi_getopt(FI_OPT_ENDPOINT, FI_OPT_MAX_RMA_SIZE) (1.22+): 0 and *size set,
  * or a negative error; -FI_ENOSYS when the headers predate the option. */
 int ft_ep_max_rma_size(struct fid_ep *ep, size_t *size);
+
+/* ---- endpoints ---- */
+
+/* An RDM endpoint with its address vector, completion queue and event
+ * queue, bound and enabled. */
+struct ft_ep {
+	struct fid_ep *ep;
+	struct fid_av *av;
+	struct fid_cq *cq;
+	struct fid_eq *eq;
+};
+
+/* Opens and enables an endpoint on the domain. cq_size 0 lets the provider
+ * choose. With cq_wait the CQ gets a wait object (fi_cq_sread, fi_cq_signal)
+ * when the provider supports one; *waitable says whether it did. On error
+ * *stage names the call that failed. */
+int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
+	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep *out, const char **stage);
+
+/* fi_cq_sread of up to max completions with a timeout in milliseconds;
+ * returns like ft_cq_read (0 on timeout or fi_cq_signal). */
+int ft_cq_sread(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+		uint32_t *slots, int max, int timeout_ms);
+void ft_ep_close(struct ft_ep *e);
+
+/* fi_av_insert of one address; *addr gets the fi_addr_t. */
+int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr);
+
+/* ---- memory registration ---- */
+
+int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, void *buf, size_t len,
+	      uint64_t access, uint64_t requested_key, int iface, int device,
+	      struct fid_mr **mr, const char **stage);
+
+/* ---- data path: posting and reaping in batches ---- */
+
+/* One RMA operation as the Go side describes it. */
+struct ft_op {
+	uint64_t local;   /* local buffer address */
+	uint64_t len;
+	void    *desc;    /* fi_mr_desc of the local MR (NULL when not needed) */
+	uint64_t remote;  /* remote address: virtual address or offset */
+	uint64_t key;     /* remote MR key */
+	uint64_t peer;    /* fi_addr_t */
+	uint64_t flags;   /* FI_COMPLETION | FI_DELIVERY_COMPLETE ... */
+	uint32_t slot;    /* index of the op's fi_context2 */
+	uint32_t write;   /* 1: fi_writemsg, 0: fi_readmsg */
+};
+
+/* Posts ops[0..n) in order. Returns how many were posted; when fewer than
+ * n, *rc holds the error of the first one that was not (-FI_EAGAIN: out of
+ * resources, progress and retry). */
+int ft_post(struct fid_ep *ep, const struct ft_op *ops, int n,
+	    struct fi_context2 *ctx, ssize_t *rc);
+
+#define FT_NO_SLOT UINT32_MAX
+
+/* Reads up to max completions and writes the slot of each into slots[].
+ * Returns the count, 0 when the CQ is empty, or a negative error
+ * (-FI_EAVAIL: an error entry is waiting, read it with ft_cq_readerr). */
+int ft_cq_read(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+	       uint32_t *slots, int max);
+
+/* A completion error, copied out at once: err_data (behind the provider
+ * message) is only valid until the next CQ read. */
+struct ft_cq_err {
+	int32_t  err;
+	int32_t  prov_errno;
+	uint32_t slot;      /* FT_NO_SLOT when the error has no op context */
+	uint64_t len;
+	uint64_t flags;
+	char     msg[512];  /* fi_cq_strerror text */
+};
+
+/* 1 and *out filled, 0 when no error entry is waiting, or negative. */
+int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
+		  struct ft_cq_err *out);
+
+/* Reads one EQ entry: 1 with msg set for an error entry, 2 for another
+ * event (event id in *event), 0 when empty, negative on failure. */
+int ft_eq_poll(struct fid_eq *eq, uint32_t *event, char *msg, size_t len);
+
+/* fi_av_remove of one address. */
+int ft_av_remove(struct ft_ep *e, uint64_t addr);

@@ -1,0 +1,614 @@
+package completion
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fitransfer/fitransfer/endpoint"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// postBatch is how many ops one cgo call posts at most.
+const postBatch = 64
+
+// Chunk is one RMA op of a job: a contiguous piece of the transfer.
+type Chunk struct {
+	Local  unsafe.Pointer // local memory (registered, off the Go heap)
+	Desc   unsafe.Pointer // its fi_mr_desc
+	Len    uint64
+	Remote uint64 // remote address (virtual address or offset)
+	Key    uint64 // remote key
+	Offset uint64 // of the chunk within the transfer, for errors
+}
+
+// Job is one transfer: chunks of one op to one peer. Fill the exported
+// fields, Submit, then Wait; results are valid after Wait. A Job may be
+// reused (Reset) once Wait returned and OnIdle ran.
+type Job struct {
+	Op       Op
+	Peer     uint64 // fi_addr_t
+	PeerName string // printable peer address, for errors
+	Flags    uint64 // op flags besides FI_COMPLETION (FI_DELIVERY_COMPLETE)
+	Chunks   []Chunk
+	Start    time.Time
+	// Deadline, when not zero, finishes the job with a *TimeoutError
+	// (wrapping context.DeadlineExceeded) if it is not done by then.
+	Deadline time.Time
+	// Tag is the submitter's; the loop does not touch it.
+	Tag any
+	// OnIdle runs on the loop goroutine once the job is finished and no
+	// chunk of it is in flight any more — possibly after Wait returned,
+	// when a timed-out chunk completes late. Local memory of the job must
+	// stay mapped until then.
+	OnIdle func(*Job)
+
+	// Errs holds one error per failed chunk, a *TimeoutError when the
+	// context ended first, or ErrClosed.
+	Errs []error
+	// Completed counts chunks that completed successfully.
+	Completed int
+	// Attempted counts chunks that were posted (or failed to post).
+	Attempted int
+
+	done chan struct{}
+	gen  atomic.Uint64
+
+	// owned by the loop goroutine
+	running        int // index in Loop.running, -1 when not there
+	next, inflight int
+	finished       bool
+	stopPosting    bool
+	idled          bool
+}
+
+// NewJob returns an empty job.
+func NewJob() *Job { return &Job{done: make(chan struct{}, 1)} }
+
+// Reset clears a finished, idle job for reuse, keeping its slices'
+// capacity.
+func (j *Job) Reset() {
+	j.gen.Add(1)
+	j.Op, j.Peer, j.PeerName, j.Flags = 0, 0, "", 0
+	j.Start, j.Deadline = time.Time{}, time.Time{}
+	j.Chunks = j.Chunks[:0]
+	j.Errs = j.Errs[:0]
+	j.Completed, j.Attempted = 0, 0
+	j.next, j.inflight = 0, 0
+	j.finished, j.stopPosting, j.idled = false, false, false
+}
+
+// Bytes is the sum of the chunk lengths.
+func (j *Job) Bytes() uint64 {
+	var n uint64
+	for i := range j.Chunks {
+		n += j.Chunks[i].Len
+	}
+	return n
+}
+
+type slotRec struct {
+	job   *Job
+	chunk int32
+}
+
+// posting is an op of the batch being posted and its slot.
+type posting struct {
+	rec  slotRec
+	slot uint32
+}
+
+type call struct {
+	fn   func()
+	done chan struct{}
+}
+
+type abandon struct {
+	job *Job
+	gen uint64
+	err error
+}
+
+// Loop is the progress loop of one endpoint. Its goroutine makes every
+// libfabric call on the endpoint.
+type Loop struct {
+	ep     *endpoint.Endpoint
+	raw    *ofi.Endpoint
+	q      *ofi.Queue
+	policy PollPolicy
+	log    zerolog.Logger
+
+	mu          sync.Mutex
+	inbox       []*Job
+	abandons    []abandon
+	calls       []call
+	closing     bool
+	beforeClose func()
+	sleeping    atomic.Bool
+	wake        chan struct{}
+	exited      chan struct{}
+
+	// owned by the loop goroutine
+	spareJobs  []*Job
+	spareCalls []call
+	spareAbans []abandon
+	active     []*Job // jobs with chunks not yet posted, in order
+	running    []*Job // jobs not finished, for deadlines
+	slots      []slotRec
+	free       []uint32
+	batch      []posting
+	inflight   int
+	timer      *time.Timer
+}
+
+// Start starts the progress loop of ep. The loop owns ep from now on:
+// Close closes it.
+func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
+	depth := ep.Depth()
+	l := &Loop{
+		ep: ep, raw: ep.Raw(), q: ofi.NewQueue(postBatch, depth),
+		policy: policy.normalized(), log: log.With().Str("provider", ep.Provider()).Logger(),
+		wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		slots: make([]slotRec, depth), free: make([]uint32, depth),
+		batch: make([]posting, 0, postBatch),
+		timer: time.NewTimer(time.Hour),
+	}
+	l.timer.Stop()
+	for i := range l.free {
+		l.free[i] = uint32(depth - 1 - i)
+	}
+	go l.run()
+	return l
+}
+
+// Endpoint is the loop's endpoint. Call its methods only from Do.
+func (l *Loop) Endpoint() *endpoint.Endpoint { return l.ep }
+
+// Submit queues a job. It fails with ErrClosed when the loop is closing.
+func (l *Loop) Submit(j *Job) error {
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	l.inbox = append(l.inbox, j)
+	l.mu.Unlock()
+	l.kick()
+	return nil
+}
+
+// Wait waits until the job finished, or until ctx ends: then the job is
+// finished with a *TimeoutError (its chunks still in flight stay owned by
+// the loop until they complete). It always returns with the job finished.
+func (l *Loop) Wait(ctx context.Context, j *Job) {
+	select {
+	case <-j.done:
+		return
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	l.abandons = append(l.abandons, abandon{job: j, gen: j.gen.Load(), err: ctx.Err()})
+	l.mu.Unlock()
+	l.kick()
+	<-j.done
+}
+
+// Do runs fn on the loop goroutine and waits for it: the way to register
+// memory, insert peers or close MRs, all of which touch the endpoint.
+func (l *Loop) Do(fn func()) error {
+	c := call{fn: fn, done: make(chan struct{})}
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	l.calls = append(l.calls, c)
+	l.mu.Unlock()
+	l.kick()
+	<-c.done
+	return nil
+}
+
+// Close fails the jobs not yet finished with ErrClosed, runs
+// beforeEndpointClose (if not nil) on the loop goroutine — the place to
+// close memory registrations, which must go before their endpoint — then
+// closes the endpoint and stops the loop. Closing twice is a no-op.
+func (l *Loop) Close(beforeEndpointClose func()) {
+	l.mu.Lock()
+	already := l.closing
+	l.closing = true
+	l.beforeClose = beforeEndpointClose
+	l.mu.Unlock()
+	if !already {
+		l.kick()
+	}
+	<-l.exited
+}
+
+func (l *Loop) kick() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	if l.sleeping.Load() {
+		l.raw.Signal()
+	}
+}
+
+func (l *Loop) run() {
+	defer close(l.exited)
+	p := l.policy
+	lastActive := time.Now()
+	sleep := p.MinSleep
+	for iter := 0; ; iter++ {
+		worked, stop := l.intake()
+		if stop {
+			l.shutdown()
+			return
+		}
+		if l.post() {
+			worked = true
+		}
+		if l.reap() {
+			worked = true
+		}
+		if iter&1023 == 0 {
+			l.pollEQ()
+		}
+		if len(l.running) > 0 && (iter&255 == 0 || !worked) {
+			l.checkDeadlines(time.Now())
+		}
+		if worked {
+			lastActive = time.Now()
+			sleep = p.MinSleep
+			continue
+		}
+		if time.Since(lastActive) < p.Spin {
+			if iter&63 == 0 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		if l.idle(sleep) {
+			lastActive = time.Now()
+			sleep = p.MinSleep
+			continue
+		}
+		sleep = min(2*sleep, p.MaxSleep)
+	}
+}
+
+// intake takes submissions, abandonments and calls. It reports whether
+// there was any, and whether the loop must stop.
+func (l *Loop) intake() (worked, stop bool) {
+	l.mu.Lock()
+	jobs, abans, calls := l.inbox, l.abandons, l.calls
+	l.inbox, l.abandons, l.calls = l.spareJobs[:0], l.spareAbans[:0], l.spareCalls[:0]
+	stop = l.closing
+	l.mu.Unlock()
+	select {
+	case <-l.wake:
+	default:
+	}
+	for _, j := range jobs {
+		if len(j.Chunks) == 0 {
+			j.running = -1
+			l.finish(j, nil)
+			l.settle(j)
+			continue
+		}
+		j.running = len(l.running)
+		l.running = append(l.running, j)
+		l.active = append(l.active, j)
+	}
+	for _, c := range calls {
+		c.fn()
+		close(c.done)
+	}
+	for _, a := range abans {
+		if a.job.gen.Load() == a.gen && !a.job.finished {
+			l.expire(a.job, a.err)
+		}
+	}
+	worked = len(jobs)+len(abans)+len(calls) > 0
+	clear(jobs)
+	clear(abans)
+	clear(calls)
+	l.spareJobs, l.spareAbans, l.spareCalls = jobs[:0], abans[:0], calls[:0]
+	return worked, stop
+}
+
+// post posts chunks of the active jobs, in order, as long as there are
+// free slots, in one batch.
+func (l *Loop) post() bool {
+	if len(l.active) == 0 || len(l.free) == 0 {
+		return false
+	}
+	l.batch = l.batch[:0]
+	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < postBatch; {
+		j := l.active[ai]
+		if j.finished || j.stopPosting || j.next >= len(j.Chunks) {
+			ai++
+			continue
+		}
+		slot := l.free[len(l.free)-1]
+		l.free = l.free[:len(l.free)-1]
+		c := &j.Chunks[j.next]
+		rec := slotRec{job: j, chunk: int32(j.next)}
+		l.slots[slot] = rec
+		flags := uint64(ofi.OpCompletion) | j.Flags
+		l.q.Set(len(l.batch), &ofi.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
+			Key: c.Key, Peer: j.Peer, Flags: flags, Slot: slot, Write: j.Op == Write})
+		l.batch = append(l.batch, posting{rec, slot})
+		j.next++
+		j.inflight++
+		l.inflight++
+	}
+	if len(l.batch) == 0 {
+		l.compact()
+		return false
+	}
+	posted, err := l.q.Post(l.raw, len(l.batch))
+	for i := len(l.batch) - 1; i >= posted; i-- {
+		// Not posted: give the slot back and rewind the job.
+		p := l.batch[i]
+		j := p.rec.job
+		j.inflight--
+		l.inflight--
+		if int(p.rec.chunk) < j.next {
+			j.next = int(p.rec.chunk)
+		}
+		l.slots[p.slot] = slotRec{}
+		l.free = append(l.free, p.slot)
+	}
+	if err != nil && !errors.Is(err, ofi.ErrAgain) {
+		// The op at index posted failed for good: fail its chunk.
+		rec := l.batch[posted].rec
+		j := rec.job
+		var errno ofi.Errno
+		errors.As(err, &errno)
+		j.next = int(rec.chunk) + 1
+		j.Attempted++
+		j.Errs = append(j.Errs, l.chunkError(j, int(rec.chunk), errno, 0, "", true))
+		j.stopPosting = true
+		l.maybeFinish(j)
+	}
+	for i := 0; i < posted; i++ {
+		l.batch[i].rec.job.Attempted++
+	}
+	l.compact()
+	return posted > 0
+}
+
+// compact drops the jobs at the front of active that have nothing left to
+// post.
+func (l *Loop) compact() {
+	i := 0
+	for i < len(l.active) {
+		j := l.active[i]
+		if !(j.finished || j.stopPosting || j.next >= len(j.Chunks)) {
+			break
+		}
+		i++
+	}
+	if i > 0 {
+		n := copy(l.active, l.active[i:])
+		clear(l.active[n:])
+		l.active = l.active[:n]
+	}
+}
+
+// reap reads completions and error completions.
+func (l *Loop) reap() bool {
+	slots, err := l.q.Reap(l.raw)
+	return l.handle(slots, err)
+}
+
+func (l *Loop) handle(slots []uint32, err error) bool {
+	for _, s := range slots {
+		l.complete(s, nil)
+	}
+	worked := len(slots) > 0
+	if err == nil {
+		return worked
+	}
+	if !errors.Is(err, ofi.ErrAvail) {
+		l.log.Error().Err(err).Msg("reading the completion queue failed")
+		return worked
+	}
+	for {
+		e, ok, rerr := l.q.ReadErr(l.raw)
+		if rerr != nil {
+			l.log.Error().Err(rerr).Msg("fi_cq_readerr failed")
+			return true
+		}
+		if !ok {
+			return true
+		}
+		l.complete(e.Slot, &e)
+	}
+}
+
+func (l *Loop) complete(slot uint32, cqe *ofi.CQError) {
+	if slot == ofi.NoSlot || int(slot) >= len(l.slots) || l.slots[slot].job == nil {
+		if cqe != nil {
+			l.log.Warn().Int("err", int(cqe.Err)).Int("prov_errno", cqe.ProvErrno).
+				Str("prov_message", cqe.ProvMessage).Msg("error completion without an op")
+		} else {
+			l.log.Warn().Uint32("slot", slot).Msg("completion without an op")
+		}
+		return
+	}
+	rec := l.slots[slot]
+	l.slots[slot] = slotRec{}
+	l.free = append(l.free, slot)
+	j := rec.job
+	j.inflight--
+	l.inflight--
+	switch {
+	case j.finished:
+		if cqe != nil {
+			l.log.Debug().Str("peer", j.PeerName).Int("err", int(cqe.Err)).Msg("late error completion of a finished transfer")
+		}
+	case cqe != nil:
+		j.Errs = append(j.Errs, l.chunkError(j, int(rec.chunk), cqe.Err, cqe.ProvErrno, cqe.ProvMessage, false))
+		j.stopPosting = true
+	default:
+		j.Completed++
+	}
+	l.maybeFinish(j)
+	l.settle(j)
+}
+
+// maybeFinish finishes a job whose chunks are all done or that stopped.
+func (l *Loop) maybeFinish(j *Job) {
+	if !j.finished && j.inflight == 0 && (j.stopPosting || j.next >= len(j.Chunks)) {
+		l.finish(j, nil)
+	}
+	l.settle(j)
+}
+
+func (l *Loop) finish(j *Job, err error) {
+	if err != nil {
+		j.Errs = append(j.Errs, err)
+	}
+	j.finished = true
+	if i := j.running; i >= 0 && i < len(l.running) && l.running[i] == j {
+		last := l.running[len(l.running)-1]
+		l.running[i] = last
+		last.running = i
+		l.running[len(l.running)-1] = nil
+		l.running = l.running[:len(l.running)-1]
+	}
+	j.running = -1
+	j.done <- struct{}{}
+}
+
+// expire finishes a job whose deadline passed or whose context ended.
+func (l *Loop) expire(j *Job, cause error) {
+	j.stopPosting = true
+	l.finish(j, &TimeoutError{
+		Op: j.Op, Provider: l.ep.Provider(), Peer: j.PeerName, Bytes: j.Bytes(),
+		After: time.Since(j.Start), Completed: j.Completed, Total: len(j.Chunks), Cause: cause,
+	})
+	l.settle(j)
+}
+
+// checkDeadlines expires the running jobs whose deadline passed.
+func (l *Loop) checkDeadlines(now time.Time) {
+	for i := 0; i < len(l.running); {
+		j := l.running[i]
+		if !j.Deadline.IsZero() && now.After(j.Deadline) {
+			l.expire(j, context.DeadlineExceeded) // removes j from running
+			continue
+		}
+		i++
+	}
+}
+
+// settle runs OnIdle once a finished job has nothing in flight.
+func (l *Loop) settle(j *Job) {
+	if j.finished && j.inflight == 0 && !j.idled {
+		j.idled = true
+		if j.OnIdle != nil {
+			j.OnIdle(j)
+		}
+	}
+}
+
+func (l *Loop) chunkError(j *Job, chunk int, errno ofi.Errno, provErrno int, msg string, posting bool) error {
+	c := &j.Chunks[chunk]
+	return &Error{
+		Op: j.Op, Provider: l.ep.Provider(), Peer: j.PeerName, Offset: c.Offset, Len: c.Len,
+		Errno: errno, ProvErrno: provErrno, ProvMessage: msg, Posting: posting,
+		Hint: Hint(l.ep.Provider(), errno, provErrno),
+	}
+}
+
+func (l *Loop) pollEQ() {
+	if msg := l.ep.PollEQ(); msg != "" {
+		l.log.Warn().Str("eq_error", msg).Msg("asynchronous endpoint error")
+	}
+}
+
+// idle waits for work: in fi_cq_sread when the CQ wakes on traffic, else
+// on the wake channel or a timer. It reports whether completions arrived.
+func (l *Loop) idle(d time.Duration) bool {
+	l.sleeping.Store(true)
+	defer l.sleeping.Store(false)
+	l.mu.Lock()
+	pending := len(l.inbox)+len(l.calls)+len(l.abandons) > 0 || l.closing
+	l.mu.Unlock()
+	if pending {
+		return false
+	}
+	if l.ep.Waitable() {
+		ms := int(d / time.Millisecond)
+		if ms < 1 {
+			ms = 1
+		}
+		slots, err := l.q.Wait(l.raw, ms)
+		return l.handle(slots, err)
+	}
+	l.timer.Reset(d)
+	select {
+	case <-l.wake:
+	case <-l.timer.C:
+	}
+	l.timer.Stop()
+	return false
+}
+
+// shutdown fails every unfinished job, closes the endpoint and releases
+// the jobs whose chunks were still in flight.
+func (l *Loop) shutdown() {
+	fail := func(j *Job) {
+		if !j.finished {
+			j.stopPosting = true
+			l.finish(j, ErrClosed)
+		}
+	}
+	for _, j := range l.active {
+		fail(j)
+	}
+	var stuck []*Job
+	for s := range l.slots {
+		if j := l.slots[s].job; j != nil {
+			fail(j)
+			stuck = append(stuck, j)
+		}
+	}
+	l.mu.Lock()
+	for _, j := range l.inbox {
+		fail(j)
+		l.settle(j)
+	}
+	for _, c := range l.calls {
+		c.fn()
+		close(c.done)
+	}
+	l.inbox, l.calls = nil, nil
+	before := l.beforeClose
+	l.mu.Unlock()
+	if before != nil {
+		before()
+	}
+	// Closing the endpoint ends what the provider was doing with the
+	// memory of ops still in flight; only then are they idle.
+	l.ep.Close()
+	for _, j := range stuck {
+		j.inflight = 0
+		l.settle(j)
+	}
+	for _, j := range l.active {
+		l.settle(j)
+	}
+	l.active = nil
+	l.q.Free()
+}

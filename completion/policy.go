@@ -1,0 +1,34 @@
+package completion
+
+import "time"
+
+// PollPolicy is how a progress loop waits when nothing happens: it polls
+// without pause for Spin after the last activity (a submission or a
+// completion), then sleeps between polls, doubling from MinSleep up to
+// MaxSleep. A submission wakes it at once. Endpoints whose completion
+// queue wakes on incoming traffic (tcp) block in fi_cq_sread instead of
+// sleeping, for at most MaxSleep.
+type PollPolicy struct {
+	Spin     time.Duration
+	MinSleep time.Duration
+	MaxSleep time.Duration
+}
+
+// DefaultPollPolicy spins for 2 ms after activity and then polls at least
+// every millisecond: targets serve peers within about a millisecond while
+// idle and use little CPU.
+var DefaultPollPolicy = PollPolicy{Spin: 2 * time.Millisecond, MinSleep: 50 * time.Microsecond, MaxSleep: time.Millisecond}
+
+// BusyPollPolicy never sleeps (as fabtests do): lowest latency, one core
+// per endpoint.
+var BusyPollPolicy = PollPolicy{Spin: 1<<63 - 1}
+
+func (p PollPolicy) normalized() PollPolicy {
+	if p.MinSleep <= 0 {
+		p.MinSleep = DefaultPollPolicy.MinSleep
+	}
+	if p.MaxSleep < p.MinSleep {
+		p.MaxSleep = p.MinSleep
+	}
+	return p
+}

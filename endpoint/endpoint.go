@@ -1,0 +1,182 @@
+// Package endpoint opens fitransfer's RDM endpoints: fabric, domain,
+// endpoint, address vector, completion and event queues from one selected
+// fi_info; it names the endpoint (fi_getname), inserts peers (fi_av_insert)
+// and registers memory on the endpoint's domain with the provider's key and
+// address rules.
+//
+// An Endpoint is driven by one goroutine (the progress loop of package
+// completion); its methods are not safe for concurrent use.
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// DefaultDepth bounds the ops in flight when the provider reports no
+// tx_attr.size.
+const DefaultDepth = 256
+
+// Endpoint is one open RDM endpoint and the resources under it.
+type Endpoint struct {
+	info   fabric.Info
+	fabric *ofi.Fabric
+	domain *ofi.Domain
+	ep     *ofi.Endpoint
+	depth  int
+	maxRMA uint64
+	peers  map[string]uint64 // endpoint name → fi_addr_t
+}
+
+// Open opens fabric, domain and an enabled endpoint for info.
+func Open(info *fabric.Info) (*Endpoint, error) {
+	e := &Endpoint{info: *info, peers: map[string]uint64{}}
+	var err error
+	if e.fabric, err = fabric.OpenFabric(info); err != nil {
+		return nil, e.wrap(err)
+	}
+	if e.domain, err = e.fabric.OpenDomain(info); err != nil {
+		e.Close()
+		return nil, e.wrap(err)
+	}
+	e.depth = int(info.Tx.Size)
+	if e.depth <= 0 || e.depth > 4096 {
+		e.depth = min(max(e.depth, DefaultDepth), 4096)
+	}
+	// The CQ has room for every op in flight: a CQ overrun is fatal on
+	// EFA.
+	if e.ep, err = e.domain.OpenEndpoint(e.depth, waitsOnTraffic(info)); err != nil {
+		e.Close()
+		return nil, e.wrap(err)
+	}
+	e.maxRMA = info.EP.MaxMsgSize
+	if n, err := e.ep.MaxRMASize(); err == nil && n > 0 && (e.maxRMA == 0 || n < e.maxRMA) {
+		e.maxRMA = n
+	}
+	if e.maxRMA == 0 {
+		e.maxRMA = 1 << 30
+	}
+	return e, nil
+}
+
+func (e *Endpoint) wrap(err error) error {
+	return fmt.Errorf("open %s endpoint (fabric %s, domain %s): %w",
+		e.info.Fabric.ProvName, e.info.Fabric.Name, e.info.Domain.Name, err)
+}
+
+// Info is the fi_info the endpoint was opened with.
+func (e *Endpoint) Info() *fabric.Info { return &e.info }
+
+// Provider is the provider name, e.g. "shm" or "tcp;ofi_rxm".
+func (e *Endpoint) Provider() string { return e.info.Fabric.ProvName }
+
+// Name is the endpoint's address (fi_getname) for peers to insert.
+func (e *Endpoint) Name() []byte { return e.ep.Name() }
+
+// Depth is how many ops may be in flight: tx_attr.size (bounded), which
+// is also the CQ size.
+func (e *Endpoint) Depth() int { return e.depth }
+
+// MaxRMA is the largest single RMA op: ep_attr.max_msg_size, lowered by
+// FI_OPT_MAX_RMA_SIZE where the provider has it (1.22+).
+func (e *Endpoint) MaxRMA() uint64 { return e.maxRMA }
+
+// VirtAddr reports whether remote addresses are virtual addresses
+// (FI_MR_VIRT_ADDR) rather than offsets into the registration.
+func (e *Endpoint) VirtAddr() bool { return e.info.Domain.MRMode.Has(fabric.MRVirtAddr) }
+
+// Raw is the ofi endpoint, for the progress loop.
+func (e *Endpoint) Raw() *ofi.Endpoint { return e.ep }
+
+// Peer returns the fi_addr_t of a peer endpoint name, inserting it into
+// the address vector the first time.
+func (e *Endpoint) Peer(name []byte) (uint64, error) {
+	if a, ok := e.peers[string(name)]; ok {
+		return a, nil
+	}
+	a, err := e.ep.InsertAddr(name)
+	if err != nil {
+		return 0, fmt.Errorf("%s: insert peer address: %w", e.Provider(), err)
+	}
+	e.peers[string(name)] = a
+	return a, nil
+}
+
+// ForgetPeer removes a peer from the address vector; the next Peer call
+// inserts it again (a fresh connection on tcp;ofi_rxm).
+func (e *Endpoint) ForgetPeer(name []byte) {
+	if a, ok := e.peers[string(name)]; ok {
+		_ = e.ep.RemoveAddr(a)
+		delete(e.peers, string(name))
+	}
+}
+
+// maxKeyTries bounds the retries when a random key is already taken.
+const maxKeyTries = 16
+
+// Register registers mem (off the Go heap, see package mr) on this
+// endpoint's domain. Without FI_MR_PROV_KEY it asks for a random key and
+// draws again on -FI_ENOKEY; with FI_MR_ENDPOINT it binds the MR to the
+// endpoint. hmemIface and device describe device memory (ofi.HMEMSystem
+// for host memory).
+func (e *Endpoint) Register(mem []byte, access mr.Access, hmemIface, device int) (*ofi.MR, error) {
+	var bind *ofi.Endpoint
+	if e.info.Domain.MRMode.Has(fabric.MREndpoint) {
+		bind = e.ep
+	}
+	provKey := e.info.Domain.MRMode.Has(fabric.MRProvKey)
+	for try := 0; ; try++ {
+		key := uint64(0)
+		if !provKey {
+			key = mr.RandomKey(e.info.Domain.MRKeySize)
+		}
+		m, err := e.domain.RegMR(unsafe.Pointer(unsafe.SliceData(mem)), uint64(len(mem)), access.Bits(), key, hmemIface, device, bind)
+		if err == nil {
+			return m, nil
+		}
+		if errors.Is(err, ofi.ErrNoKey) && !provKey && try < maxKeyTries {
+			continue
+		}
+		return nil, fmt.Errorf("%s: register %d bytes: %w", e.Provider(), len(mem), err)
+	}
+}
+
+// PollEQ returns the provider's message for an asynchronous endpoint
+// error, or "".
+func (e *Endpoint) PollEQ() string {
+	msg, _ := e.ep.PollEQ()
+	return msg
+}
+
+// Close closes the endpoint, domain and fabric (memory registrations must
+// be closed first); closing twice is a no-op.
+func (e *Endpoint) Close() {
+	if e.ep != nil {
+		e.ep.Close()
+		e.ep = nil
+	}
+	if e.domain != nil {
+		_ = e.domain.Close()
+		e.domain = nil
+	}
+	if e.fabric != nil {
+		_ = e.fabric.Close()
+		e.fabric = nil
+	}
+}
+
+// waitsOnTraffic reports whether a provider's CQ wait object wakes on
+// incoming traffic (its sockets are in the wait set), so an idle progress
+// loop can block in fi_cq_sread and still serve peers at once. shm's and
+// efa's do not (efa has no CQ wait objects before 2.5): those poll.
+func waitsOnTraffic(info *fabric.Info) bool {
+	return info.Fabric.ProvName == "tcp;ofi_rxm"
+}
+
+// Waitable reports whether the progress loop may block in fi_cq_sread.
+func (e *Endpoint) Waitable() bool { return e.ep.Waitable() }

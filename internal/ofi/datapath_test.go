@@ -1,0 +1,172 @@
+package ofi
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// pair opens two endpoints of one provider in this process.
+type side struct {
+	f  *Fabric
+	d  *Domain
+	ep *Endpoint
+	q  *Queue
+}
+
+func openSide(t *testing.T, info *Info) *side {
+	f, err := OpenFabric(info)
+	require.NoError(t, err)
+	d, err := f.OpenDomain(info)
+	require.NoError(t, err)
+	ep, err := d.OpenEndpoint(256, false)
+	require.NoError(t, err)
+	s := &side{f, d, ep, NewQueue(16, 64)}
+	t.Cleanup(func() { ep.Close(); s.q.Free(); d.Close(); f.Close() })
+	return s
+}
+
+func rmaInfo(t *testing.T, prov string, order MsgOrder) *Info {
+	h := &Info{Caps: CapMsg | CapRMA | CapRead | CapWrite | CapRemoteRead | CapRemoteWrite, Mode: ModeContext | ModeContext2}
+	h.EP.Type = EPRDM
+	h.Domain.MRMode = MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MREndpoint
+	h.Domain.AVType = AVTable
+	h.Fabric.ProvName = prov
+	h.Tx.MsgOrder = order
+	infos, err := GetInfo(NegotiatedVersion(), "", "", 0, h)
+	require.NoError(t, err)
+	return &infos[0]
+}
+
+func mmap(t *testing.T, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+// run posts one op from a to b's memory and progresses both until it
+// completes; it returns the completion error, if any.
+func run(t *testing.T, a, b *side, op Op) error {
+	a.q.Set(0, &op)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := a.q.Post(a.ep, 1)
+		if n == 1 {
+			break
+		}
+		require.True(t, errors.Is(err, ErrAgain), "post: %v", err)
+		_, _ = a.q.Reap(a.ep)
+		_, _ = b.q.Reap(b.ep)
+		require.True(t, time.Now().Before(deadline), "post never accepted")
+	}
+	for time.Now().Before(deadline) {
+		_, _ = b.q.Reap(b.ep)
+		slots, err := a.q.Reap(a.ep)
+		if errors.Is(err, ErrAvail) {
+			e, ok, rerr := a.q.ReadErr(a.ep)
+			require.NoError(t, rerr)
+			require.True(t, ok)
+			require.Equal(t, op.Slot, e.Slot)
+			return &CallError{Call: "completion: " + e.ProvMessage, Errno: e.Err}
+		}
+		require.NoError(t, err)
+		if len(slots) == 1 {
+			require.Equal(t, op.Slot, slots[0])
+			return nil
+		}
+	}
+	t.Fatal("op did not complete")
+	return nil
+}
+
+func TestDataPath(t *testing.T) {
+	for _, tc := range []struct {
+		prov  string
+		order MsgOrder
+	}{{"tcp;ofi_rxm", 0}} {
+		t.Run(tc.prov, func(t *testing.T) {
+			info := rmaInfo(t, tc.prov, tc.order)
+			a, b := openSide(t, info), openSide(t, info)
+			peer, err := a.ep.InsertAddr(b.ep.Name())
+			require.NoError(t, err)
+			if tc.prov != "tcp;ofi_rxm" {
+				_, err = b.ep.InsertAddr(a.ep.Name())
+				require.NoError(t, err)
+			}
+
+			virt := info.Domain.MRMode.Has(MRVirtAddr)
+			var bindA, bindB *Endpoint
+			if info.Domain.MRMode.Has(MREndpoint) {
+				bindA, bindB = a.ep, b.ep
+			}
+			src, dst := mmap(t, 8192), mmap(t, 8192)
+			for i := range src {
+				src[i] = byte(i * 7)
+			}
+			mrB, err := b.d.RegMR(unsafe.Pointer(&src[0]), 8192, AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, bindB)
+			require.NoError(t, err)
+			mrA, err := a.d.RegMR(unsafe.Pointer(&dst[0]), 8192, AccessRead|AccessWrite, 8, HMEMSystem, 0, bindA)
+			require.NoError(t, err)
+			defer mrA.Close()
+			remote := func(off uint64) uint64 {
+				if virt {
+					return uint64(uintptr(unsafe.Pointer(&src[0]))) + off
+				}
+				return off
+			}
+			op := Op{Local: unsafe.Pointer(&dst[0]), Len: 4096, Desc: mrA.Desc(), Remote: remote(100),
+				Key: mrB.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 5}
+			require.NoError(t, run(t, a, b, op))
+			require.True(t, bytes.Equal(src[100:4196], dst[:4096]))
+
+			// A write, delivery complete.
+			for i := range dst {
+				dst[i] = 0xAB
+			}
+			op = Op{Local: unsafe.Pointer(&dst[0]), Len: 1000, Desc: mrA.Desc(), Remote: remote(0),
+				Key: mrB.Key(), Peer: peer, Flags: uint64(OpCompletion | OpDeliveryComplete), Slot: 6, Write: true}
+			require.NoError(t, run(t, a, b, op))
+			require.Equal(t, bytes.Repeat([]byte{0xAB}, 1000), src[:1000])
+
+			// A wrong key must fail, never succeed silently.
+			op = Op{Local: unsafe.Pointer(&dst[0]), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
+				Key: mrB.Key() ^ 0x5a5a, Peer: peer, Flags: uint64(OpCompletion), Slot: 7}
+			err = run(t, a, b, op)
+			t.Logf("bad key read: %v", err)
+			require.Error(t, err)
+
+			// After the owner deregisters, reads fail.
+			require.NoError(t, mrB.Close())
+			op.Key = mrB.Key()
+			op.Slot = 8
+			err = run(t, a, b, op)
+			t.Logf("read after close: %v", err)
+			require.Error(t, err)
+
+			mrB2, err := b.d.RegMR(unsafe.Pointer(&src[0]), 8192, AccessRemoteRead|AccessRemoteWrite, 9, HMEMSystem, 0, bindB)
+			require.NoError(t, err)
+			defer mrB2.Close()
+			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+				_, _ = a.q.Reap(a.ep)
+				_, _ = b.q.Reap(b.ep)
+				if m, _ := a.ep.PollEQ(); m != "" {
+					t.Logf("eq a: %s", m)
+				}
+				if m, _ := b.ep.PollEQ(); m != "" {
+					t.Logf("eq b: %s", m)
+				}
+			}
+			for i := 0; i < 3; i++ {
+				op = Op{Local: unsafe.Pointer(&dst[0]), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
+					Key: mrB2.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 9}
+				t.Logf("read after errors: %v", run(t, a, b, op))
+			}
+		})
+	}
+}

@@ -1,0 +1,10 @@
+// Package mr owns the memory fitransfer hands to libfabric: off-heap
+// allocation (mmap), the rule that only such memory is registered, access
+// rights, memory keys, and the remote address a peer must use.
+//
+// libfabric keeps the addresses of registered memory and providers write
+// into it from outside the Go runtime (DMA, process_vm_writev), so it must
+// never be Go heap memory, which the garbage collector may move or free.
+// Alloc maps memory outside the Go heap; Adopt declares memory that some
+// other allocator owns (mmap, C.malloc, a device allocator).
+package mr

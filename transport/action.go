@@ -1,0 +1,123 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"unsafe"
+
+	"github.com/fitransfer/fitransfer/completion"
+)
+
+// Action is a batch of reads and writes submitted together: all of them
+// are checked before any is posted, then they run in parallel (in no
+// particular order) and Submit waits for all. Ops of one Action must not
+// touch overlapping local memory where one of them writes it (a read into
+// it); Submit refuses such an Action with ErrConflict. An Action is not
+// safe for concurrent use; Submit may be called again.
+type Action struct {
+	m   *Manager
+	ops []opSpec
+	err error
+}
+
+// NewAction starts an empty batch.
+func (m *Manager) NewAction() *Action { return &Action{m: m} }
+
+// ReadInto adds a read of src into dst (as Manager.ReadInto).
+func (a *Action) ReadInto(dst *Buffer, src RemoteBuffer) *Action {
+	switch {
+	case dst == nil:
+		a.fail(errors.New("ReadInto: nil destination buffer"))
+	case dst.Len() < src.Len():
+		a.fail(fmt.Errorf("%w: op %d reads %d bytes into a %d-byte buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
+	default:
+		a.ops = append(a.ops, opSpec{op: completion.Read, local: view{dst.st, dst.off, src.Len()}, remote: src})
+	}
+	return a
+}
+
+// WriteFrom adds a write of src into dst (as Manager.WriteFrom).
+func (a *Action) WriteFrom(dst RemoteBuffer, src *Buffer) *Action {
+	switch {
+	case src == nil:
+		a.fail(errors.New("WriteFrom: nil source buffer"))
+	case src.Len() > dst.Len():
+		a.fail(fmt.Errorf("%w: op %d writes %d bytes into a %d-byte remote buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
+	default:
+		a.ops = append(a.ops, opSpec{op: completion.Write, local: view{src.st, src.off, src.n}, remote: dst})
+	}
+	return a
+}
+
+func (a *Action) fail(err error) {
+	if a.err == nil {
+		a.err = err
+	}
+}
+
+// Len is the number of ops added.
+func (a *Action) Len() int { return len(a.ops) }
+
+// Submit runs every op and waits for all of them. It fails before moving
+// anything when an op was invalid, when ops conflict, or when a handle is
+// refused; otherwise a *TransferError keeps the error of every failed op.
+func (a *Action) Submit(ctx context.Context) error {
+	if a.err != nil {
+		return a.err
+	}
+	if len(a.ops) == 0 {
+		return nil
+	}
+	if err := conflicts(a.ops); err != nil {
+		return err
+	}
+	ops := make([]opSpec, len(a.ops))
+	copy(ops, a.ops)
+	return a.m.execute(ctx, "action", ops)
+}
+
+// conflicts finds two ops whose local ranges overlap where one of them
+// writes local memory (a read into it).
+func conflicts(ops []opSpec) error {
+	type rng struct {
+		st       *bufState
+		off, end uint64
+		read     bool
+		op       int
+	}
+	rs := make([]rng, 0, len(ops))
+	for i, o := range ops {
+		if o.local.n == 0 {
+			continue
+		}
+		rs = append(rs, rng{o.local.st, o.local.off, o.local.off + o.local.n, o.op == completion.Read, i})
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].st != rs[j].st {
+			return uintptr(unsafe.Pointer(rs[i].st)) < uintptr(unsafe.Pointer(rs[j].st))
+		}
+		return rs[i].off < rs[j].off
+	})
+	var endAll, endRead uint64
+	var opAll, opRead int
+	for i, r := range rs {
+		if i == 0 || r.st != rs[i-1].st {
+			endAll, endRead = 0, 0
+		}
+		switch {
+		case r.read && r.off < endAll:
+			return fmt.Errorf("%w: op %d reads into local bytes [%d, %d) that op %d also uses", ErrConflict, r.op, r.off, r.end, opAll)
+		case !r.read && r.off < endRead:
+			return fmt.Errorf("%w: op %d writes from local bytes [%d, %d) that op %d reads into", ErrConflict, r.op, r.off, r.end, opRead)
+		}
+		if r.end > endAll {
+			endAll, opAll = r.end, r.op
+		}
+		if r.read && r.end > endRead {
+			endRead, opRead = r.end, r.op
+		}
+	}
+	return nil
+}

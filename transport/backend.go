@@ -1,0 +1,78 @@
+package transport
+
+import (
+	"sync"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/endpoint"
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// backend is one open endpoint of the manager and its progress loop.
+type backend struct {
+	index    int
+	provider string
+	info     fabric.Info
+	reason   string // why it was chosen
+	role     string // "same node", "remote", or "forced"
+	loop     *completion.Loop
+	name     []byte // endpoint name, immutable
+	virtAddr bool
+	chunk    uint64 // largest op
+	guard    *guardTable   // shm: this manager's buffers as owner
+	scratch  *scratchPool  // shm: where handle checks land
+
+	mu    sync.RWMutex
+	peers map[string]peer // endpoint name → address
+}
+
+type peer struct {
+	addr uint64 // fi_addr_t
+	name string // printable
+}
+
+func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason, role string, chunkCap uint64) *backend {
+	chunk := ep.MaxRMA()
+	if chunkCap > 0 && chunkCap < chunk {
+		chunk = chunkCap
+	}
+	return &backend{
+		index: index, provider: transportName(ep.Info()), info: *ep.Info(), reason: reason, role: role,
+		loop: loop, name: append([]byte(nil), ep.Name()...), virtAddr: ep.VirtAddr(),
+		chunk: chunk, peers: map[string]peer{},
+	}
+}
+
+// peer returns the address of a peer endpoint, inserting it into the
+// address vector (on the loop goroutine) the first time.
+func (b *backend) peer(name []byte) (peer, error) {
+	b.mu.RLock()
+	p, ok := b.peers[string(name)]
+	b.mu.RUnlock()
+	if ok {
+		return p, nil
+	}
+	var err error
+	if derr := b.loop.Do(func() { p.addr, err = b.loop.Endpoint().Peer(name) }); derr != nil {
+		return peer{}, derr
+	}
+	if err != nil {
+		return peer{}, err
+	}
+	p.name = ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String()
+	b.mu.Lock()
+	b.peers[string(name)] = p
+	b.mu.Unlock()
+	return p, nil
+}
+
+// Backend describes one transport a manager opened.
+type Backend struct {
+	Provider string // "shm", "tcp;ofi_rxm", "efa", ...
+	Fabric   string
+	Domain   string
+	Role     string // "same node", "remote", or "forced" (WithProviders)
+	Reason   string // why it was chosen
+	Address  string // this manager's endpoint address on it
+}

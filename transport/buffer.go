@@ -1,0 +1,197 @@
+package transport
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// Buffer is registered local memory, or a slice of it. Peers reach it
+// through its Remote handle; the manager's transfers read into it and
+// write from it. Slices share the registration: closing any closes all.
+type Buffer struct {
+	st  *bufState
+	off uint64
+	n   uint64
+}
+
+// bufState is one registration, shared by a buffer and its slices.
+type bufState struct {
+	m      *Manager
+	id     uint64
+	mem    []byte
+	access mr.Access
+	mrs    []*ofi.MR  // per backend index
+	eps    []remoteEP // the handle's endpoints
+	guard  uint32     // shm guard slot
+	hasGrd bool
+
+	mu           sync.Mutex
+	refs         int  // transfers using the memory
+	closed       bool // no new transfers
+	deregistered bool
+}
+
+// Register registers mem for RMA on every backend of the manager, with
+// the remote access given. mem must come from mr.Alloc (or mr.Adopt):
+// Go heap memory is refused with an error saying so. It stays the
+// caller's: free it only after Close.
+func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
+	if err := mr.CheckOffHeap(mem); err != nil {
+		return nil, err
+	}
+	if access&^mr.ReadWrite != 0 {
+		return nil, fmt.Errorf("register: unknown access bits %#x", uint8(access))
+	}
+	if err := m.acquire(); err != nil {
+		return nil, err
+	}
+	defer m.releaseManager()
+	st := &bufState{m: m, id: m.nextID.Add(1), mem: mem, access: access, mrs: make([]*ofi.MR, len(m.backends))}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	for _, b := range m.backends {
+		var err error
+		if derr := b.loop.Do(func() { st.mrs[b.index], err = b.loop.Endpoint().Register(mem, access, ofi.HMEMSystem, 0) }); derr != nil {
+			err = derr
+		}
+		if err != nil {
+			st.deregister()
+			return nil, err
+		}
+		ep := remoteEP{provider: b.provider, name: b.name, key: st.mrs[b.index].Key(),
+			base: mr.RemoteAddr(b.virtAddr, base, 0)}
+		if b.guard != nil {
+			slot, gen, err := b.guard.publish(st.id, ep.base, uint64(len(mem)), ep.key, access)
+			if err != nil {
+				st.deregister()
+				return nil, err
+			}
+			st.guard, st.hasGrd = slot, true
+			ep.guard = &guardRef{table: b.guard.base, key: b.guard.mr.Key(), slot: slot, gen: gen}
+		}
+		st.eps = append(st.eps, ep)
+	}
+	m.bufsMu.Lock()
+	m.bufs[st.id] = st
+	m.bufsMu.Unlock()
+	return &Buffer{st: st, n: uint64(len(mem))}, nil
+}
+
+// Bytes is the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.st.mem[b.off : b.off+b.n] }
+
+// Len is the buffer's length in bytes.
+func (b *Buffer) Len() uint64 { return b.n }
+
+// Access is what peers may do with the buffer.
+func (b *Buffer) Access() mr.Access { return b.st.access }
+
+// Slice returns bytes [off, off+n) of b, sharing its registration.
+func (b *Buffer) Slice(off, n uint64) (*Buffer, error) {
+	if off > b.n || n > b.n-off {
+		return nil, fmt.Errorf("%w: slice [%d, %d) of a %d-byte buffer", ErrOutOfRange, off, off+n, b.n)
+	}
+	return &Buffer{st: b.st, off: b.off + off, n: n}, nil
+}
+
+// Remote is the handle peers use to reach this buffer (or slice).
+func (b *Buffer) Remote() RemoteBuffer {
+	st := b.st
+	return RemoteBuffer{node: st.m.node, owner: st.m.id, id: st.id, off: b.off, n: b.n,
+		size: uint64(len(st.mem)), access: st.access, eps: st.eps}
+}
+
+// Close deregisters the buffer: peers' later transfers with its handles
+// fail, and the manager's transfers with it are refused. Transfers still
+// in flight keep the registration until they end. Closing twice, or after
+// the manager closed, is a no-op.
+func (b *Buffer) Close() error {
+	st := b.st
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return nil
+	}
+	st.closed = true
+	idle := st.refs == 0
+	st.mu.Unlock()
+	st.m.bufsMu.Lock()
+	delete(st.m.bufs, st.id)
+	st.m.bufsMu.Unlock()
+	st.revokeGuard()
+	if idle {
+		st.deregister()
+	}
+	return nil
+}
+
+// ref holds the registration for a transfer; it fails once closed.
+func (st *bufState) ref() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return fmt.Errorf("%w: buffer %d", ErrBufferClosed, st.id)
+	}
+	st.refs++
+	return nil
+}
+
+// unref ends a transfer's hold; the last one after Close deregisters.
+// It may run on a loop goroutine, so deregistration goes elsewhere.
+func (st *bufState) unref() {
+	st.mu.Lock()
+	st.refs--
+	last := st.refs == 0 && st.closed && !st.deregistered
+	st.mu.Unlock()
+	if last {
+		go st.deregister()
+	}
+}
+
+func (st *bufState) revokeGuard() {
+	if !st.hasGrd {
+		return
+	}
+	for _, b := range st.m.backends {
+		if b.guard != nil {
+			b.guard.revoke(st.guard)
+		}
+	}
+}
+
+// deregister closes the MRs, each on its backend's loop.
+func (st *bufState) deregister() {
+	st.mu.Lock()
+	if st.deregistered {
+		st.mu.Unlock()
+		return
+	}
+	st.deregistered = true
+	st.mu.Unlock()
+	for _, b := range st.m.backends {
+		if st.mrs[b.index] == nil {
+			continue
+		}
+		if err := b.loop.Do(func() { st.closeMR(b.index) }); err != nil {
+			// The loop is closing: Manager.Close closes the MR.
+			continue
+		}
+	}
+}
+
+// closeMR closes the MR of one backend; only on that backend's loop.
+func (st *bufState) closeMR(i int) {
+	if m := st.mrs[i]; m != nil {
+		_ = m.Close()
+		st.mrs[i] = nil
+	}
+}
+
+func (st *bufState) markClosed() {
+	st.mu.Lock()
+	st.closed, st.deregistered = true, true
+	st.mu.Unlock()
+}

@@ -1,0 +1,239 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// The shm guard. libfabric 1.17's shm provider does single-copy RMA with
+// process_vm_readv/writev from the initiator when it can ("fast RMA",
+// smr_fast_rma_enabled in prov/shm/src/smr.h): the owner is not involved
+// and the memory key is never checked, so a stale or altered handle would
+// read or write whatever lies at its address. Where the owner does check
+// (smr_progress_cmd_rma), a bad key is dropped without an answer and the
+// initiator's queue to that peer stays blocked for good.
+//
+// So on shm the owner publishes the state of each of its buffers in a
+// guard table (one 64-byte entry per buffer, registered for remote read),
+// the handle names the buffer's entry, and before each transfer the
+// initiator reads the entry and checks generation, key, range and access.
+// A closed buffer's entry has a new generation, so its handles fail.
+
+const (
+	guardEntrySize = 64
+	guardSlots     = 1 << 16 // entries per table (4 MiB of address space)
+	scratchSlots   = 256
+)
+
+// guard entry words
+const (
+	gwGen = iota
+	gwKey
+	gwBase
+	gwSize
+	gwAccess
+	gwID
+)
+
+type guardTable struct {
+	mem  []byte
+	mr   *ofi.MR
+	base uint64 // remote address of the table (virtual address: shm has FI_MR_VIRT_ADDR)
+	mu   sync.Mutex
+	free []uint32
+	next uint32
+}
+
+func (g *guardTable) word(slot uint32, w int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&g.mem[int(slot)*guardEntrySize+8*w]))
+}
+
+// publish fills a free entry for a buffer and returns its slot and
+// generation.
+func (g *guardTable) publish(id uint64, base, size, key uint64, access mr.Access) (uint32, uint64, error) {
+	g.mu.Lock()
+	var slot uint32
+	switch {
+	case len(g.free) > 0:
+		slot = g.free[len(g.free)-1]
+		g.free = g.free[:len(g.free)-1]
+	case g.next < guardSlots:
+		slot = g.next
+		g.next++
+	default:
+		g.mu.Unlock()
+		return 0, 0, fmt.Errorf("more than %d buffers registered at once on shm", guardSlots)
+	}
+	g.mu.Unlock()
+	gen := atomic.LoadUint64(g.word(slot, gwGen)) + 1
+	atomic.StoreUint64(g.word(slot, gwKey), key)
+	atomic.StoreUint64(g.word(slot, gwBase), base)
+	atomic.StoreUint64(g.word(slot, gwSize), size)
+	atomic.StoreUint64(g.word(slot, gwAccess), uint64(access))
+	atomic.StoreUint64(g.word(slot, gwID), id)
+	atomic.StoreUint64(g.word(slot, gwGen), gen) // last: the entry is valid
+	return slot, gen, nil
+}
+
+// revoke invalidates an entry: handles naming it fail from now on.
+func (g *guardTable) revoke(slot uint32) {
+	atomic.StoreUint64(g.word(slot, gwGen), atomic.LoadUint64(g.word(slot, gwGen))+1)
+	atomic.StoreUint64(g.word(slot, gwKey), 0)
+	atomic.StoreUint64(g.word(slot, gwSize), 0)
+	atomic.StoreUint64(g.word(slot, gwAccess), 0)
+	g.mu.Lock()
+	g.free = append(g.free, slot)
+	g.mu.Unlock()
+}
+
+// scratchPool is registered memory where guard entries are read to.
+type scratchPool struct {
+	mem   []byte
+	mr    *ofi.MR
+	slots chan uint32
+}
+
+func (s *scratchPool) get(ctx context.Context) (uint32, error) {
+	select {
+	case i := <-s.slots:
+		return i, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func (s *scratchPool) put(i uint32) { s.slots <- i }
+
+func (s *scratchPool) entry(i uint32) []byte {
+	return s.mem[int(i)*guardEntrySize : int(i+1)*guardEntrySize]
+}
+
+// newGuard allocates and registers the guard table and scratch space of an
+// shm backend.
+func newGuard(b *backend) (*guardTable, *scratchPool, error) {
+	gmem, err := mr.Alloc(guardSlots * guardEntrySize)
+	if err != nil {
+		return nil, nil, err
+	}
+	smem, err := mr.Alloc(scratchSlots * guardEntrySize)
+	if err != nil {
+		_ = mr.Free(gmem)
+		return nil, nil, err
+	}
+	g := &guardTable{mem: gmem}
+	s := &scratchPool{mem: smem, slots: make(chan uint32, scratchSlots)}
+	for i := uint32(0); i < scratchSlots; i++ {
+		s.slots <- i
+	}
+	var gerr, serr error
+	if err := b.loop.Do(func() {
+		ep := b.loop.Endpoint()
+		g.mr, gerr = ep.Register(gmem, mr.RemoteRead, ofi.HMEMSystem, 0)
+		s.mr, serr = ep.Register(smem, 0, ofi.HMEMSystem, 0)
+	}); err != nil {
+		gerr = err
+	}
+	if gerr != nil || serr != nil {
+		_ = b.loop.Do(func() { _ = g.mr.Close(); _ = s.mr.Close() })
+		_ = mr.Free(gmem)
+		_ = mr.Free(smem)
+		if gerr == nil {
+			gerr = serr
+		}
+		return nil, nil, fmt.Errorf("shm guard table: %w", gerr)
+	}
+	g.base = mr.RemoteAddr(b.virtAddr, uintptr(unsafe.Pointer(&gmem[0])), 0)
+	return g, s, nil
+}
+
+// closeGuard deregisters (on the loop) and frees the guard memory.
+func closeGuard(g *guardTable, s *scratchPool) {
+	_ = g.mr.Close()
+	_ = s.mr.Close()
+}
+
+func freeGuard(g *guardTable, s *scratchPool) {
+	_ = mr.Free(g.mem)
+	_ = mr.Free(s.mem)
+}
+
+// checkEntry compares a guard entry, as read from the owner, with what a
+// handle claims and what the op needs.
+func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) error {
+	w := func(i int) uint64 { return binary.LittleEndian.Uint64(entry[8*i:]) }
+	switch {
+	case w(gwGen) != ep.guard.gen || w(gwID) != r.id:
+		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, r.id)
+	case w(gwKey) != ep.key || w(gwBase) != ep.base || w(gwSize) != r.size:
+		return fmt.Errorf("%w: key, address or size of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
+	case !mr.Access(w(gwAccess)).Allows(need):
+		return fmt.Errorf("%w: the owner registered buffer %d as %s, the op needs %s", ErrAccessDenied, r.id, mr.Access(w(gwAccess)), need)
+	}
+	return nil
+}
+
+// guardCheck is one handle to check before a transfer.
+type guardCheck struct {
+	remote *RemoteBuffer
+	ep     *remoteEP
+	need   mr.Access
+	err    error
+}
+
+// verifyGuards reads the guard entries of the handles (one job per peer)
+// and sets each check's err.
+func (m *Manager) verifyGuards(ctx context.Context, b *backend, checks []*guardCheck) error {
+	byPeer := map[string][]*guardCheck{}
+	for _, c := range checks {
+		byPeer[string(c.ep.name)] = append(byPeer[string(c.ep.name)], c)
+	}
+	for _, group := range byPeer {
+		if err := m.verifyPeerGuards(ctx, b, group); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, group []*guardCheck) error {
+	p, err := b.peer(group[0].ep.name)
+	if err != nil {
+		return err
+	}
+	x := m.newXfer(b)
+	defer x.release()
+	j := x.job
+	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
+	for _, c := range group {
+		s, err := b.scratch.get(ctx)
+		if err != nil {
+			return err
+		}
+		x.scratch = append(x.scratch, s)
+		entry := b.scratch.entry(s)
+		j.Chunks = append(j.Chunks, completion.Chunk{
+			Local: unsafe.Pointer(&entry[0]), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
+			Remote: c.ep.guard.table + uint64(c.ep.guard.slot)*guardEntrySize, Key: c.ep.guard.key,
+		})
+	}
+	if err := x.submit(); err != nil {
+		return err
+	}
+	b.loop.Wait(ctx, j)
+	if len(j.Errs) > 0 {
+		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(group), Chunks: len(j.Chunks),
+			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}
+	}
+	for i, c := range group {
+		c.err = checkEntry(b.scratch.entry(x.scratch[i]), c.remote, c.ep, c.need)
+	}
+	return nil
+}

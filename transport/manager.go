@@ -1,0 +1,339 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/endpoint"
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// Manager owns the endpoints of this process (one per backend), the
+// buffers registered on them, and the progress loops that drive them.
+type Manager struct {
+	cfg      config
+	id       ID
+	node     ID
+	log      zerolog.Logger
+	backends []*backend
+	sameNode *backend // nil when none (e.g. WithProviders without shm)
+	remote   *backend // nil when none
+
+	mu     sync.RWMutex // read-held while a transfer or registration is set up
+	closed bool
+	bufsMu sync.Mutex
+	bufs   map[uint64]*bufState
+	nextID atomic.Uint64
+}
+
+// New opens the backends this machine offers — see fabric.Select, or
+// WithProviders — and starts their progress loops.
+func New(ctx context.Context, opts ...Option) (*Manager, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{}}
+	infos, err := m.discover()
+	if err != nil {
+		return nil, err
+	}
+	type pick struct {
+		info   *fabric.Info
+		reason string
+		role   string
+	}
+	var picks []pick
+	if len(cfg.providers) > 0 {
+		for _, p := range cfg.providers {
+			p = canonicalProvider(p)
+			in := firstRMA(infos, p)
+			if in == nil {
+				return nil, fmt.Errorf("provider %q offers no RDM endpoint with RMA here (found: %s); see `fitransfer doctor`", p, providerList(infos))
+			}
+			picks = append(picks, pick{in, "requested with WithProviders", "forced"})
+		}
+	} else {
+		facts := fabric.ProbeDeviceRMA(infos)
+		sn, snErr := fabric.Select(infos, fabric.SameNode, cfg.policy, facts)
+		rm, rmErr := fabric.Select(infos, fabric.Remote, cfg.policy, facts)
+		if snErr != nil && rmErr != nil {
+			return nil, rmErr
+		}
+		if snErr == nil && sn.Info != nil {
+			picks = append(picks, pick{sn.Info, sn.Reason, "same node"})
+		}
+		if rmErr == nil && rm.Info != nil && (snErr != nil || !sameInfo(sn.Info, rm.Info)) {
+			picks = append(picks, pick{rm.Info, rm.Reason, "remote"})
+		}
+		for _, c := range []fabric.Choice{sn, rm} {
+			for _, s := range c.Skipped {
+				m.log.Info().Str("skipped", s).Msg("backend selection")
+			}
+		}
+	}
+	for _, p := range picks {
+		b, err := m.open(len(m.backends), p.info, p.reason, p.role)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.backends = append(m.backends, b)
+		m.log.Info().Str("provider", b.provider).Str("domain", b.info.Domain.Name).Str("role", p.role).
+			Str("reason", p.reason).Msg("backend open")
+	}
+	for _, b := range m.backends {
+		switch {
+		case b.provider == "shm" && m.sameNode == nil:
+			m.sameNode = b
+		case b.provider != "shm" && m.remote == nil:
+			m.remote = b
+		}
+	}
+	return m, nil
+}
+
+// discover runs fi_getinfo with fitransfer's RMA hints; with
+// WithSourceAddress, IP providers are asked for that local address.
+func (m *Manager) discover() ([]fabric.Info, error) {
+	infos, err := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints("")})
+	if err != nil && !errors.Is(err, fabric.ErrNoData) {
+		return nil, err
+	}
+	if m.cfg.source == "" {
+		if err != nil {
+			return nil, err
+		}
+		return infos, nil
+	}
+	tcp, terr := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints(string(fabric.BackendTCP)), Node: m.cfg.source, Source: true})
+	if terr != nil {
+		return nil, fmt.Errorf("tcp;ofi_rxm on source address %q: %w", m.cfg.source, terr)
+	}
+	var out []fabric.Info
+	for _, in := range infos {
+		if in.Fabric.ProvName != string(fabric.BackendTCP) {
+			out = append(out, in)
+		}
+	}
+	return append(out, tcp...), nil
+}
+
+func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*backend, error) {
+	ep, err := endpoint.Open(info)
+	if err != nil {
+		return nil, err
+	}
+	loop := completion.Start(ep, m.cfg.poll, m.log)
+	b := newBackend(index, ep, loop, reason, role, m.cfg.chunk)
+	if b.provider == "shm" {
+		if b.guard, b.scratch, err = newGuard(b); err != nil {
+			loop.Close(nil)
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func canonicalProvider(p string) string {
+	if p == "tcp" {
+		return string(fabric.BackendTCP)
+	}
+	return p
+}
+
+func firstRMA(infos []fabric.Info, provider string) *fabric.Info {
+	for i := range infos {
+		in := &infos[i]
+		if in.EP.Type != fabric.EPRDM || !in.Caps.Has(fabric.RMACaps) {
+			continue
+		}
+		if transportName(in) == provider {
+			return in
+		}
+	}
+	return nil
+}
+
+// transportName names a backend in handles: the provider, except that
+// efa's efa-direct fabric (not interoperable with efa's RDM protocol) is
+// "efa-direct".
+func transportName(in *fabric.Info) string {
+	if in.Fabric.ProvName == "efa" && in.Fabric.Name == "efa-direct" {
+		return string(fabric.BackendEFADirect)
+	}
+	return in.Fabric.ProvName
+}
+
+func providerList(infos []fabric.Info) string {
+	var out []string
+	for _, in := range infos {
+		if !contains(out, in.Fabric.ProvName) {
+			out = append(out, in.Fabric.ProvName)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func sameInfo(a, b *fabric.Info) bool {
+	return a != nil && b != nil && a.Fabric.ProvName == b.Fabric.ProvName &&
+		a.Fabric.Name == b.Fabric.Name && a.Domain.Name == b.Domain.Name
+}
+
+// ID identifies this manager in the handles of its buffers.
+func (m *Manager) ID() ID { return m.id }
+
+// Backends lists the transports this manager opened, with why.
+func (m *Manager) Backends() []Backend {
+	out := make([]Backend, len(m.backends))
+	for i, b := range m.backends {
+		out[i] = Backend{Provider: b.provider, Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
+			Role: b.role, Reason: b.reason,
+			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()}
+	}
+	return out
+}
+
+// Route is how a transfer with a remote buffer would go.
+type Route struct {
+	Backend  string          // "memcpy", "shm", "tcp;ofi_rxm", "efa", ...
+	Locality fabric.Locality // where the owner is
+	Reason   string
+}
+
+// Route says which backend a transfer with r would use, and why; an error
+// wrapping ErrNoRoute when none can.
+func (m *Manager) Route(r RemoteBuffer) (Route, error) {
+	b, ep, loc, err := m.route(&r)
+	if err != nil {
+		return Route{Locality: loc}, err
+	}
+	if b == nil {
+		return Route{Backend: string(fabric.BackendMemcpy), Locality: loc, Reason: "the buffer belongs to this manager"}, nil
+	}
+	reason := fmt.Sprintf("owner is on %s; both ends have %s", loc, ep.provider)
+	if loc == fabric.SameNode && b.provider != "shm" {
+		reason += " (no shm on one side)"
+	}
+	return Route{Backend: b.provider, Locality: loc, Reason: reason}, nil
+}
+
+// route picks the backend for a handle: nil backend for memcpy (same
+// manager); shm when the owner is on this node and both have it; else the
+// remote backend if the owner has it, else any backend both have.
+func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, error) {
+	if r.IsZero() {
+		return nil, nil, fabric.Remote, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
+	}
+	if r.owner == m.id {
+		return nil, nil, fabric.SameProcess, nil
+	}
+	loc := fabric.Remote
+	if r.node == m.node {
+		loc = fabric.SameNode
+	}
+	try := func(b *backend) (*backend, *remoteEP, fabric.Locality, error) {
+		if b == nil {
+			return nil, nil, loc, nil
+		}
+		ep := r.endpoint(b.provider)
+		if ep == nil {
+			return nil, nil, loc, nil
+		}
+		return b, ep, loc, nil
+	}
+	if loc == fabric.SameNode {
+		if b, ep, _, _ := try(m.sameNode); b != nil {
+			return b, ep, loc, nil
+		}
+	}
+	if b, ep, _, _ := try(m.remote); b != nil {
+		return b, ep, loc, nil
+	}
+	for _, b := range m.backends {
+		if b.provider == "shm" && loc != fabric.SameNode {
+			continue // shm cannot reach another node
+		}
+		if ep := r.endpoint(b.provider); ep != nil {
+			return b, ep, loc, nil
+		}
+	}
+	var local []string
+	for _, b := range m.backends {
+		local = append(local, b.provider)
+	}
+	return nil, nil, loc, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, loc, r.Providers(), local)
+}
+
+// Close closes the manager: transfers still in flight fail with ErrClosed,
+// every buffer is deregistered, every endpoint closed. Later calls fail
+// with ErrClosed. Closing twice is a no-op.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	m.bufsMu.Lock()
+	bufs := m.bufs
+	m.bufs = map[uint64]*bufState{}
+	m.bufsMu.Unlock()
+	for _, b := range m.backends {
+		// On the loop goroutine, after failing its jobs and before closing
+		// the endpoint: MRs must be closed before their endpoint.
+		b.loop.Close(func() {
+			for _, st := range bufs {
+				st.closeMR(b.index)
+			}
+			if b.guard != nil {
+				closeGuard(b.guard, b.scratch)
+			}
+		})
+	}
+	for _, st := range bufs {
+		st.markClosed()
+	}
+	for _, b := range m.backends {
+		if b.guard != nil {
+			freeGuard(b.guard, b.scratch)
+		}
+	}
+	return nil
+}
+
+// acquire holds the manager open for one operation.
+func (m *Manager) acquire() error {
+	m.mu.RLock()
+	if m.closed {
+		m.mu.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (m *Manager) releaseManager() { m.mu.RUnlock() }

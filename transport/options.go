@@ -1,0 +1,75 @@
+package transport
+
+import (
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+// Defaults of a Manager's options.
+const (
+	DefaultTimeout   = 30 * time.Second
+	DefaultChunkSize = 8 << 20
+)
+
+// Option configures a Manager.
+type Option func(*config)
+
+type config struct {
+	providers        []string
+	policy           fabric.RMAPolicy
+	timeout          time.Duration
+	chunk            uint64
+	transmitComplete bool
+	poll             completion.PollPolicy
+	log              zerolog.Logger
+	source           string
+}
+
+func defaultConfig() config {
+	return config{
+		timeout: DefaultTimeout,
+		chunk:   DefaultChunkSize,
+		poll:    completion.DefaultPollPolicy,
+		log:     zerolog.Nop(),
+	}
+}
+
+// WithProviders restricts the manager to these providers ("shm",
+// "tcp;ofi_rxm", "efa"), in order of preference, instead of choosing with
+// fabric.Select. A peer must share one of them.
+func WithProviders(providers ...string) Option {
+	return func(c *config) { c.providers = providers }
+}
+
+// WithRMAPolicy sets whether EFA with provider-emulated RMA may be used
+// (default fabric.RequireDeviceRMA).
+func WithRMAPolicy(p fabric.RMAPolicy) Option { return func(c *config) { c.policy = p } }
+
+// WithTimeout sets the deadline of transfers whose context has none
+// (default DefaultTimeout).
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithChunkSize caps the size of one RMA op (default DefaultChunkSize);
+// the provider's limit applies too.
+func WithChunkSize(n uint64) Option { return func(c *config) { c.chunk = n } }
+
+// WithTransmitComplete makes writes complete when the data left the local
+// buffer (FI_TRANSMIT_COMPLETE) instead of when it is visible at the
+// target (FI_DELIVERY_COMPLETE, the default). Weaker: on tcp;ofi_rxm a
+// write can then return before the target memory changed.
+func WithTransmitComplete() Option { return func(c *config) { c.transmitComplete = true } }
+
+// WithPollPolicy sets how progress loops wait (default
+// completion.DefaultPollPolicy; completion.BusyPollPolicy spins).
+func WithPollPolicy(p completion.PollPolicy) Option { return func(c *config) { c.poll = p } }
+
+// WithLogger sets the logger (default: none).
+func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithSourceAddress binds IP-based providers (tcp) to this local address
+// (a host name or IP), as fi_getinfo's FI_SOURCE does.
+func WithSourceAddress(host string) Option { return func(c *config) { c.source = host } }

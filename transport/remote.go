@@ -1,0 +1,90 @@
+package transport
+
+import (
+	"fmt"
+
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// RemoteBuffer is a handle to a peer's registered buffer, or to a slice of
+// it: what a peer needs to read or write it with RMA. It carries, per
+// backend the owner has, the provider, the owner endpoint's name, the
+// memory key and the remote address of the buffer; plus the owner's node
+// and manager identity, the length and the access the owner granted.
+//
+// Send it to peers with MarshalBinary or MarshalJSON (docs/handle.md); it
+// is a value and safe to copy.
+type RemoteBuffer struct {
+	node   ID
+	owner  ID
+	id     uint64 // buffer id within the owner
+	off    uint64 // start of this view within the registration
+	n      uint64
+	size   uint64 // length of the whole registration
+	access mr.Access
+	eps    []remoteEP
+}
+
+type remoteEP struct {
+	provider string
+	name     []byte // owner endpoint name (fi_getname)
+	key      uint64
+	base     uint64    // remote address of byte 0 of the registration
+	guard    *guardRef // shm only: where the owner publishes the buffer's state
+}
+
+// guardRef locates a buffer's entry in its owner's guard table (shm).
+type guardRef struct {
+	table uint64 // remote address of the table
+	key   uint64 // the table's key
+	slot  uint32
+	gen   uint64
+}
+
+// Len is the handle's length in bytes.
+func (r RemoteBuffer) Len() uint64 { return r.n }
+
+// Access is what the owner allows peers to do.
+func (r RemoteBuffer) Access() mr.Access { return r.access }
+
+// Owner identifies the manager that registered the buffer.
+func (r RemoteBuffer) Owner() ID { return r.owner }
+
+// Node identifies where the owner runs (see NodeID).
+func (r RemoteBuffer) Node() ID { return r.node }
+
+// Providers lists the backends through which the buffer can be reached.
+func (r RemoteBuffer) Providers() []string {
+	out := make([]string, len(r.eps))
+	for i := range r.eps {
+		out[i] = r.eps[i].provider
+	}
+	return out
+}
+
+// IsZero reports whether r is the zero value (no buffer).
+func (r RemoteBuffer) IsZero() bool { return r.owner == ID{} && len(r.eps) == 0 }
+
+// Slice returns the handle of bytes [off, off+n) of r.
+func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
+	if off > r.n || n > r.n-off {
+		return RemoteBuffer{}, fmt.Errorf("%w: slice [%d, %d) of a %d-byte remote buffer", ErrOutOfRange, off, off+n, r.n)
+	}
+	s := r
+	s.off += off
+	s.n = n
+	return s, nil
+}
+
+func (r RemoteBuffer) endpoint(provider string) *remoteEP {
+	for i := range r.eps {
+		if r.eps[i].provider == provider {
+			return &r.eps[i]
+		}
+	}
+	return nil
+}
+
+func (r RemoteBuffer) String() string {
+	return fmt.Sprintf("remote buffer %d of %s (%d bytes at %d, %s, via %v)", r.id, r.owner, r.n, r.off, r.access, r.Providers())
+}

@@ -1,0 +1,294 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// ReadInto reads the remote buffer src into dst (the first src.Len()
+// bytes), which must be at least as large. It returns when the bytes are
+// in dst, or with an error: a *TransferError keeping every chunk's error
+// for failures of the transfer itself, or an error wrapping ErrTooSmall,
+// ErrBufferClosed, ErrAccessDenied, ErrNoRoute, ErrStaleHandle... for bad
+// input, before anything moved.
+func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) error {
+	if dst == nil {
+		return errors.New("ReadInto: nil destination buffer")
+	}
+	if dst.Len() < src.Len() {
+		return fmt.Errorf("%w: reading %d bytes into a %d-byte buffer", ErrTooSmall, src.Len(), dst.Len())
+	}
+	ops := [1]opSpec{{op: completion.Read, local: view{dst.st, dst.off, src.Len()}, remote: src}}
+	return m.execute(ctx, "read", ops[:])
+}
+
+// WriteFrom writes src into the remote buffer dst (its first src.Len()
+// bytes), which must be at least as large. A nil error means the bytes
+// are visible in the target's memory (FI_DELIVERY_COMPLETE) unless the
+// manager uses WithTransmitComplete. Errors as for ReadInto.
+func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) error {
+	if src == nil {
+		return errors.New("WriteFrom: nil source buffer")
+	}
+	if src.Len() > dst.Len() {
+		return fmt.Errorf("%w: writing %d bytes into a %d-byte remote buffer", ErrTooSmall, src.Len(), dst.Len())
+	}
+	ops := [1]opSpec{{op: completion.Write, local: view{src.st, src.off, src.n}, remote: dst}}
+	return m.execute(ctx, "write", ops[:])
+}
+
+// view is a range of a registration.
+type view struct {
+	st     *bufState
+	off, n uint64
+}
+
+func (v view) ptr(off uint64) unsafe.Pointer {
+	return unsafe.Add(unsafe.Pointer(unsafe.SliceData(v.st.mem)), v.off+off)
+}
+
+// opSpec is one transfer of a request: local view, remote handle
+// (its length is the transfer's), direction.
+type opSpec struct {
+	op     completion.Op
+	local  view
+	remote RemoteBuffer
+
+	// set while executing
+	b      *backend // nil: memcpy
+	ep     *remoteEP
+	target    *bufState // memcpy: the other buffer
+	x         *xfer
+	submitted bool
+}
+
+func need(op completion.Op) mr.Access {
+	if op == completion.Write {
+		return mr.RemoteWrite
+	}
+	return mr.RemoteRead
+}
+
+// execute checks, routes and runs the ops of one request, waits for all of
+// them and gathers their errors.
+func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = nowFunc().Add(m.cfg.timeout)
+	}
+	if err := m.acquire(); err != nil {
+		return err
+	}
+	if err := m.prepare(ctx, ops); err != nil {
+		m.releaseManager()
+		releaseOps(ops)
+		return err
+	}
+	var (
+		total  uint64
+		chunks int
+		errs   []error
+		failed int
+	)
+	start := nowFunc()
+	for i := range ops {
+		o := &ops[i]
+		total += o.remote.n
+		if o.b == nil {
+			continue
+		}
+		x := m.newXfer(o.b)
+		o.x = x
+		x.local, o.local.st = o.local.st, nil // the xfer releases the local ref now
+		if err := m.fill(x, o, start, deadline); err != nil {
+			errs = append(errs, err)
+			failed++
+			continue
+		}
+		chunks += len(x.job.Chunks)
+		if err := x.submit(); err != nil {
+			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.provider, ErrClosed))
+			failed++
+			continue
+		}
+		o.submitted = true
+	}
+	m.releaseManager()
+	// Same-manager ops are copies, done while the network ones fly.
+	for i := range ops {
+		if o := &ops[i]; o.b == nil {
+			if err := o.copy(); err != nil {
+				errs = append(errs, err)
+				failed++
+			}
+		}
+	}
+	attempted := 0
+	for i := range ops {
+		o := &ops[i]
+		if o.x == nil {
+			continue
+		}
+		j := o.x.job
+		if o.submitted {
+			o.b.loop.Wait(ctx, j)
+		}
+		attempted += j.Attempted
+		for _, e := range j.Errs {
+			errs = append(errs, e)
+			var te *completion.TimeoutError
+			if !errors.As(e, &te) {
+				failed++
+			}
+		}
+		o.x.release()
+		o.x, o.submitted = nil, false
+	}
+	releaseOps(ops)
+	if len(errs) == 0 {
+		return nil
+	}
+	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Chunks: chunks, Failed: failed,
+		NotAttempted: max(0, chunks-attempted), Errs: errs}
+}
+
+// prepare takes the local references, routes every op and checks it
+// against the handle and (shm, memcpy) against the owner's own record.
+// Nothing has moved when it fails.
+func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
+	var checks []*guardCheck
+	var checkBackend *backend
+	for i := range ops {
+		o := &ops[i]
+		if o.local.st == nil || o.local.st.m != m {
+			o.local.st = nil
+			return fmt.Errorf("%s: %w", o.op, ErrForeignBuffer)
+		}
+		if err := o.local.st.ref(); err != nil {
+			o.local.st = nil
+			return fmt.Errorf("%s: local %w", o.op, err)
+		}
+		b, ep, _, err := m.route(&o.remote)
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.op, err)
+		}
+		o.b, o.ep = b, ep
+		if !o.remote.access.Allows(need(o.op)) {
+			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
+		}
+		switch {
+		case b == nil:
+			if err := m.bindTarget(o); err != nil {
+				return err
+			}
+		case b.guard != nil:
+			if ep.guard == nil {
+				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
+			}
+			if checkBackend == nil {
+				checkBackend = b
+			}
+			checks = append(checks, &guardCheck{remote: &o.remote, ep: ep, need: need(o.op)})
+		}
+	}
+	if len(checks) == 0 {
+		return nil
+	}
+	if err := m.verifyGuards(ctx, checkBackend, checks); err != nil {
+		return err
+	}
+	for _, c := range checks {
+		if c.err != nil {
+			return c.err
+		}
+	}
+	return nil
+}
+
+// bindTarget resolves a same-manager handle to its buffer and checks it
+// as the owner would.
+func (m *Manager) bindTarget(o *opSpec) error {
+	r := &o.remote
+	m.bufsMu.Lock()
+	st := m.bufs[r.id]
+	m.bufsMu.Unlock()
+	if st == nil {
+		return fmt.Errorf("%s: %w: buffer %d is closed", o.op, ErrStaleHandle, r.id)
+	}
+	if len(st.eps) != len(r.eps) || uint64(len(st.mem)) != r.size {
+		return fmt.Errorf("%s: %w: buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
+	}
+	for i := range st.eps {
+		if st.eps[i].key != r.eps[i].key || st.eps[i].base != r.eps[i].base {
+			return fmt.Errorf("%s: %w: key or address of buffer %d do not match", o.op, ErrStaleHandle, r.id)
+		}
+	}
+	if !st.access.Allows(need(o.op)) {
+		return fmt.Errorf("%s: %w: buffer %d was registered %s", o.op, ErrAccessDenied, r.id, st.access)
+	}
+	if err := st.ref(); err != nil {
+		return fmt.Errorf("%s: remote %w", o.op, err)
+	}
+	o.target = st
+	return nil
+}
+
+// copy runs a same-manager op.
+func (o *opSpec) copy() error {
+	dst := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
+	src := o.target.mem[o.remote.off : o.remote.off+o.remote.n]
+	if o.op == completion.Write {
+		dst, src = src, dst
+	}
+	copy(dst, src)
+	return nil
+}
+
+// fill builds the job of a network op: chunks no larger than the
+// backend's limit, the peer's address, the completion level.
+func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
+	b := o.b
+	p, err := b.peer(o.ep.name)
+	if err != nil {
+		return fmt.Errorf("%s over %s: %w", o.op, b.provider, err)
+	}
+	j := x.job
+	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
+	if o.op == completion.Write {
+		j.Flags = uint64(ofi.OpDeliveryComplete)
+		if m.cfg.transmitComplete {
+			j.Flags = uint64(ofi.OpTransmitComplete)
+		}
+	}
+	lv := view{x.local, o.local.off, o.local.n}
+	desc := x.local.mrs[b.index].Desc()
+	remote := o.ep.base + o.remote.off
+	for off := uint64(0); off < o.remote.n; off += b.chunk {
+		n := min(b.chunk, o.remote.n-off)
+		j.Chunks = append(j.Chunks, completion.Chunk{Local: lv.ptr(off), Desc: desc, Len: n,
+			Remote: remote + off, Key: o.ep.key, Offset: off})
+	}
+	return nil
+}
+
+// releaseOps drops the references prepare took that no xfer holds.
+func releaseOps(ops []opSpec) {
+	for i := range ops {
+		o := &ops[i]
+		if o.local.st != nil {
+			o.local.st.unref()
+			o.local.st = nil
+		}
+		if o.target != nil {
+			o.target.unref()
+			o.target = nil
+		}
+	}
+}

@@ -1,0 +1,68 @@
+package transport
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fitransfer/fitransfer/completion"
+)
+
+var nowFunc = time.Now
+
+// xfer is a job in flight and what it holds: a reference on its local
+// buffer and, for handle checks, scratch slots. Both the waiter and the
+// loop (when no chunk is in flight any more) release it; the last release
+// frees what it holds and recycles it. Until then the memory its chunks
+// target stays registered and mapped.
+type xfer struct {
+	m       *Manager
+	b       *backend
+	job     *completion.Job
+	refs    atomic.Int32
+	local   *bufState
+	target  *bufState // memcpy only
+	scratch []uint32
+}
+
+var xferPool = sync.Pool{New: func() any {
+	x := &xfer{job: completion.NewJob()}
+	x.job.Tag = x
+	return x
+}}
+
+func (m *Manager) newXfer(b *backend) *xfer {
+	x := xferPool.Get().(*xfer)
+	x.m, x.b = m, b
+	x.job.OnIdle = xferIdle
+	x.refs.Store(1) // the waiter's; submit adds the loop's
+	return x
+}
+
+// submit hands the job to the backend's loop.
+func (x *xfer) submit() error {
+	x.refs.Add(1)
+	if err := x.b.loop.Submit(x.job); err != nil {
+		x.refs.Add(-1)
+		return err
+	}
+	return nil
+}
+
+// xferIdle is the jobs' OnIdle: the loop's release.
+func xferIdle(j *completion.Job) { j.Tag.(*xfer).release() }
+
+func (x *xfer) release() {
+	if x.refs.Add(-1) != 0 {
+		return
+	}
+	if x.local != nil {
+		x.local.unref()
+	}
+	for _, s := range x.scratch {
+		x.b.scratch.put(s)
+	}
+	x.m, x.b, x.local, x.target, x.scratch = nil, nil, nil, nil, x.scratch[:0]
+	x.job.Reset()
+	xferPool.Put(x)
+}
