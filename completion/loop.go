@@ -367,6 +367,9 @@ func (l *Loop) post() bool {
 		l.slots[p.slot] = slotRec{}
 		l.free = append(l.free, p.slot)
 	}
+	for i := 0; i < posted; i++ {
+		l.batch[i].rec.job.Attempted++
+	}
 	if err != nil && !errors.Is(err, ofi.ErrAgain) {
 		// The op at index posted failed for good: fail its chunk.
 		rec := l.batch[posted].rec
@@ -377,11 +380,12 @@ func (l *Loop) post() bool {
 		j.Attempted++
 		j.Errs = append(j.Errs, l.chunkError(j, int(rec.chunk), errno, 0, "", true))
 		j.stopPosting = true
-		l.maybeFinish(j)
+		clear(l.batch)
+		l.compact()
+		l.maybeFinish(j) // last: j may be recycled once settled
+		return posted > 0
 	}
-	for i := 0; i < posted; i++ {
-		l.batch[i].rec.job.Attempted++
-	}
+	clear(l.batch)
 	l.compact()
 	return posted > 0
 }
@@ -462,11 +466,12 @@ func (l *Loop) complete(slot uint32, cqe *ofi.CQError) {
 	default:
 		j.Completed++
 	}
-	l.maybeFinish(j)
-	l.settle(j)
+	l.maybeFinish(j) // last: j may be recycled once settled
 }
 
-// maybeFinish finishes a job whose chunks are all done or that stopped.
+// maybeFinish finishes a job whose chunks are all done or that stopped,
+// and settles it. The loop must not touch j afterwards: once settled, its
+// submitter may recycle it.
 func (l *Loop) maybeFinish(j *Job) {
 	if !j.finished && j.inflight == 0 && (j.stopPosting || j.next >= len(j.Chunks)) {
 		l.finish(j, nil)
@@ -487,7 +492,20 @@ func (l *Loop) finish(j *Job, err error) {
 		l.running = l.running[:len(l.running)-1]
 	}
 	j.running = -1
+	l.dropActive(j)
 	j.done <- struct{}{}
+}
+
+// dropActive removes a finished job from the posting queue.
+func (l *Loop) dropActive(j *Job) {
+	for i, a := range l.active {
+		if a == j {
+			n := copy(l.active[i:], l.active[i+1:])
+			l.active[i+n] = nil
+			l.active = l.active[:i+n]
+			return
+		}
+	}
 }
 
 // expire finishes a job whose deadline passed or whose context ended.
@@ -565,50 +583,53 @@ func (l *Loop) idle(d time.Duration) bool {
 	return false
 }
 
-// shutdown fails every unfinished job, closes the endpoint and releases
-// the jobs whose chunks were still in flight.
+// shutdown fails every unfinished job, closes the endpoint and then
+// settles every job, in flight or not.
 func (l *Loop) shutdown() {
-	fail := func(j *Job) {
+	seen := map[*Job]bool{}
+	var jobs []*Job
+	add := func(j *Job) {
+		if j != nil && !seen[j] {
+			seen[j] = true
+			jobs = append(jobs, j)
+		}
+	}
+	for _, j := range l.running {
+		add(j)
+	}
+	for s := range l.slots {
+		add(l.slots[s].job)
+		l.slots[s] = slotRec{}
+	}
+	l.mu.Lock()
+	for _, j := range l.inbox {
+		j.running = -1
+		add(j)
+	}
+	calls := l.calls
+	l.inbox, l.calls = nil, nil
+	before := l.beforeClose
+	l.mu.Unlock()
+	for _, j := range jobs {
 		if !j.finished {
 			j.stopPosting = true
 			l.finish(j, ErrClosed)
 		}
 	}
-	for _, j := range l.active {
-		fail(j)
-	}
-	var stuck []*Job
-	for s := range l.slots {
-		if j := l.slots[s].job; j != nil {
-			fail(j)
-			stuck = append(stuck, j)
-		}
-	}
-	l.mu.Lock()
-	for _, j := range l.inbox {
-		fail(j)
-		l.settle(j)
-	}
-	for _, c := range l.calls {
+	for _, c := range calls {
 		c.fn()
 		close(c.done)
 	}
-	l.inbox, l.calls = nil, nil
-	before := l.beforeClose
-	l.mu.Unlock()
 	if before != nil {
 		before()
 	}
 	// Closing the endpoint ends what the provider was doing with the
 	// memory of ops still in flight; only then are they idle.
 	l.ep.Close()
-	for _, j := range stuck {
+	l.active, l.running = nil, nil
+	for _, j := range jobs {
 		j.inflight = 0
 		l.settle(j)
 	}
-	for _, j := range l.active {
-		l.settle(j)
-	}
-	l.active = nil
 	l.q.Free()
 }

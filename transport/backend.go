@@ -19,9 +19,9 @@ type backend struct {
 	loop     *completion.Loop
 	name     []byte // endpoint name, immutable
 	virtAddr bool
-	chunk    uint64 // largest op
-	guard    *guardTable   // shm: this manager's buffers as owner
-	scratch  *scratchPool  // shm: where handle checks land
+	chunk    uint64       // largest op
+	guard    *guardTable  // shm: this manager's buffers as owner
+	scratch  *scratchPool // shm: where handle checks land
 
 	mu    sync.RWMutex
 	peers map[string]peer // endpoint name → address

@@ -62,8 +62,8 @@ type opSpec struct {
 	remote RemoteBuffer
 
 	// set while executing
-	b      *backend // nil: memcpy
-	ep     *remoteEP
+	b         *backend // nil: memcpy
+	ep        *remoteEP
 	target    *bufState // memcpy: the other buffer
 	x         *xfer
 	submitted bool

@@ -1,0 +1,302 @@
+// Package testpeer runs the owner of remote buffers in a child process,
+// for tests that need a real peer: the test binary starts itself again
+// with FITRANSFER_TESTPEER set, and TestMain calls MaybeRun first.
+//
+// The child opens a transport.Manager, registers buffers filled with a
+// seeded pattern, prints their handles, and answers line-delimited JSON
+// commands on stdin: sum or get a range, fill, close a buffer, register
+// another, exit.
+package testpeer
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+const (
+	envRun       = "FITRANSFER_TESTPEER"
+	envProviders = "FITRANSFER_TESTPEER_PROVIDERS"
+)
+
+// Fill writes the pattern of seed into b: the same bytes in every process.
+func Fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for k := 0; k < 8; k++ {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	v := r.Uint64()
+	for i := len(b) &^ 7; i < len(b); i++ {
+		b[i] = byte(v)
+		v >>= 8
+	}
+}
+
+// Pattern returns n bytes of the pattern of seed.
+func Pattern(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	Fill(b, seed)
+	return b
+}
+
+// Sum is the hex SHA-256 of b.
+func Sum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+type request struct {
+	Cmd    string `json:"cmd"`
+	Buf    int    `json:"buf"`
+	Off    uint64 `json:"off"`
+	Len    uint64 `json:"len"`
+	Seed   uint64 `json:"seed"`
+	Size   int    `json:"size"`
+	Access uint8  `json:"access"`
+}
+
+type reply struct {
+	Handle []byte `json:"handle,omitempty"`
+	Sum    string `json:"sum,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+	Pid    int    `json:"pid,omitempty"`
+	Err    string `json:"err,omitempty"`
+}
+
+// MaybeRun runs the child side when this process was started as one, and
+// then exits. Call it first in TestMain.
+func MaybeRun() {
+	if os.Getenv(envRun) != "1" {
+		return
+	}
+	os.Exit(child(os.Stdin, os.Stdout))
+}
+
+func child(in io.Reader, out io.Writer) int {
+	enc := json.NewEncoder(out)
+	fail := func(err error) int {
+		_ = enc.Encode(reply{Err: err.Error()})
+		return 1
+	}
+	var opts []transport.Option
+	if p := os.Getenv(envProviders); p != "" {
+		opts = append(opts, transport.WithProviders(strings.Split(p, ",")...))
+	}
+	m, err := transport.New(context.Background(), opts...)
+	if err != nil {
+		return fail(err)
+	}
+	defer m.Close()
+	var bufs []*transport.Buffer
+	var mems [][]byte
+	register := func(size int, access mr.Access, seed uint64) ([]byte, error) {
+		mem, err := mr.Alloc(size)
+		if err != nil {
+			return nil, err
+		}
+		Fill(mem, seed)
+		b, err := m.Register(mem, access)
+		if err != nil {
+			return nil, err
+		}
+		bufs, mems = append(bufs, b), append(mems, mem)
+		return b.Remote().MarshalBinary()
+	}
+	_ = enc.Encode(reply{Pid: os.Getpid()})
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		var req request
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			return fail(err)
+		}
+		var rep reply
+		if req.Cmd != "register" && req.Cmd != "exit" && (req.Buf < 0 || req.Buf >= len(bufs)) {
+			rep.Err = fmt.Sprintf("no buffer %d", req.Buf)
+			_ = enc.Encode(rep)
+			continue
+		}
+		switch req.Cmd {
+		case "register":
+			rep.Handle, err = register(req.Size, mr.Access(req.Access), req.Seed)
+		case "sum":
+			rep.Sum = Sum(mems[req.Buf][req.Off : req.Off+req.Len])
+		case "get":
+			rep.Data = mems[req.Buf][req.Off : req.Off+req.Len]
+		case "fill":
+			Fill(mems[req.Buf], req.Seed)
+		case "close":
+			err = bufs[req.Buf].Close()
+		case "exit":
+			_ = enc.Encode(rep)
+			return 0
+		default:
+			err = fmt.Errorf("unknown command %q", req.Cmd)
+		}
+		if err != nil {
+			rep.Err = err.Error()
+		}
+		_ = enc.Encode(rep)
+	}
+	return 0
+}
+
+// Peer is a running child owner.
+type Peer struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Scanner
+	Pid   int
+	waitc chan error
+}
+
+// Start starts a child owner restricted to providers (none: its own
+// choice).
+func Start(t testing.TB, providers ...string) *Peer {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRun+"=1", envProviders+"="+strings.Join(providers, ","))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Peer{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outp), waitc: make(chan error, 1)}
+	p.out.Buffer(make([]byte, 1<<20), 64<<20)
+	go func() { p.waitc <- cmd.Wait() }()
+	t.Cleanup(p.Close)
+	rep, err := p.read()
+	if err != nil {
+		t.Fatalf("test peer did not start: %v", err)
+	}
+	p.Pid = rep.Pid
+	return p
+}
+
+func (p *Peer) read() (reply, error) {
+	done := make(chan bool, 1)
+	go func() { done <- p.out.Scan() }()
+	select {
+	case ok := <-done:
+		if !ok {
+			return reply{}, fmt.Errorf("test peer exited: %v", p.out.Err())
+		}
+	case <-time.After(60 * time.Second):
+		return reply{}, errors.New("test peer did not answer within 60s")
+	}
+	var rep reply
+	if err := json.Unmarshal(p.out.Bytes(), &rep); err != nil {
+		return reply{}, err
+	}
+	if rep.Err != "" {
+		return rep, errors.New(rep.Err)
+	}
+	return rep, nil
+}
+
+func (p *Peer) do(req request) reply {
+	p.t.Helper()
+	b, _ := json.Marshal(req)
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("test peer: %v", err)
+	}
+	rep, err := p.read()
+	if err != nil {
+		p.t.Fatalf("test peer %s: %v", req.Cmd, err)
+	}
+	return rep
+}
+
+// Register makes the child register size bytes of the pattern of seed and
+// returns the handle.
+func (p *Peer) Register(size int, access mr.Access, seed uint64) transport.RemoteBuffer {
+	p.t.Helper()
+	rep := p.do(request{Cmd: "register", Size: size, Access: uint8(access), Seed: seed})
+	var r transport.RemoteBuffer
+	if err := r.UnmarshalBinary(rep.Handle); err != nil {
+		p.t.Fatalf("handle from test peer: %v", err)
+	}
+	return r
+}
+
+// Sum is the hex SHA-256 of bytes [off, off+n) of buffer buf in the child.
+func (p *Peer) Sum(buf int, off, n uint64) string {
+	p.t.Helper()
+	return p.do(request{Cmd: "sum", Buf: buf, Off: off, Len: n}).Sum
+}
+
+// Get returns bytes [off, off+n) of buffer buf in the child.
+func (p *Peer) Get(buf int, off, n uint64) []byte {
+	p.t.Helper()
+	return p.do(request{Cmd: "get", Buf: buf, Off: off, Len: n}).Data
+}
+
+// FillBuf refills buffer buf with the pattern of seed.
+func (p *Peer) FillBuf(buf int, seed uint64) {
+	p.t.Helper()
+	p.do(request{Cmd: "fill", Buf: buf, Seed: seed})
+}
+
+// CloseBuf closes buffer buf in the child.
+func (p *Peer) CloseBuf(buf int) {
+	p.t.Helper()
+	p.do(request{Cmd: "close", Buf: buf})
+}
+
+// Signal sends sig to the child.
+func (p *Peer) Signal(sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+}
+
+// Kill kills the child (SIGKILL) and waits for it to be gone.
+func (p *Peer) Kill() {
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.waitc:
+		p.waitc <- nil
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// Close asks the child to exit and kills it if it does not.
+func (p *Peer) Close() {
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	b, _ := json.Marshal(request{Cmd: "exit"})
+	_, _ = p.in.Write(append(b, '\n'))
+	_ = p.in.Close()
+	select {
+	case <-p.waitc:
+		p.waitc <- nil
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+	}
+}

@@ -1,0 +1,52 @@
+package transport_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+func TestMain(m *testing.M) {
+	testpeer.MaybeRun() // child owner processes
+	os.Exit(m.Run())
+}
+
+// providers are the backends the tests force, each in turn.
+var providers = []string{"shm", "tcp;ofi_rxm"}
+
+func alloc(t testing.TB, n int) []byte {
+	t.Helper()
+	b, err := mr.Alloc(n)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mr.Free(b) })
+	return b
+}
+
+func newManager(t testing.TB, opts ...transport.Option) *transport.Manager {
+	t.Helper()
+	m, err := transport.New(context.Background(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func register(t testing.TB, m *transport.Manager, mem []byte, access mr.Access) *transport.Buffer {
+	t.Helper()
+	b, err := m.Register(mem, access)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

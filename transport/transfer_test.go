@@ -1,0 +1,391 @@
+package transport_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+func TestReadWriteBetweenProcesses(t *testing.T) {
+	sizes := []struct {
+		name string
+		n    int
+		off  int // offset in both the local and the remote buffer
+	}{
+		{"1B", 1, 0},
+		{"4097B-odd-offset", 4097, 13},
+		{"1MiB", 1 << 20, 0},
+		{"64MiB", 64 << 20, 0},
+		{"256MiB", 256 << 20, 0},
+	}
+	if testing.Short() {
+		sizes = sizes[:3]
+	}
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			for i, sz := range sizes {
+				t.Run(sz.name, func(t *testing.T) {
+					total := sz.n + sz.off
+					seed := uint64(100 + i)
+					remote := peer.Register(total, mr.ReadWrite, seed)
+					src, err := remote.Slice(uint64(sz.off), uint64(sz.n))
+					require.NoError(t, err)
+					mem := alloc(t, total)
+					local := register(t, m, mem, 0)
+					dst, err := local.Slice(uint64(sz.off), uint64(sz.n))
+					require.NoError(t, err)
+
+					// Read: the peer's pattern arrives byte for byte.
+					ctx := ctxTimeout(t, 2*time.Minute)
+					start := time.Now()
+					require.NoError(t, m.ReadInto(ctx, dst, src))
+					t.Logf("read %d bytes over %s in %v", sz.n, prov, time.Since(start))
+					want := testpeer.Pattern(total, seed)
+					require.True(t, bytes.Equal(want[sz.off:], dst.Bytes()), "read data differs")
+					require.True(t, allZero(mem[:sz.off]), "read wrote before the slice")
+
+					// Write a new pattern; the peer's memory must hold it.
+					testpeer.Fill(mem, seed+1000)
+					start = time.Now()
+					require.NoError(t, m.WriteFrom(ctx, src, dst))
+					t.Logf("wrote %d bytes over %s in %v", sz.n, prov, time.Since(start))
+					require.Equal(t, testpeer.Sum(mem[sz.off:]), peer.Sum(i, uint64(sz.off), uint64(sz.n)), "written data differs")
+					require.Equal(t, testpeer.Sum(want[:sz.off]), peer.Sum(i, 0, uint64(sz.off)), "write touched bytes before the slice")
+				})
+			}
+		})
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSameManagerIsMemcpy(t *testing.T) {
+	m := newManager(t)
+	a, b := alloc(t, 8192), alloc(t, 8192)
+	testpeer.Fill(a, 7)
+	ba := register(t, m, a, mr.ReadWrite)
+	bb := register(t, m, b, mr.ReadWrite)
+	r, err := m.Route(ba.Remote())
+	require.NoError(t, err)
+	assert.Equal(t, "memcpy", r.Backend)
+
+	ctx := ctxTimeout(t, 10*time.Second)
+	require.NoError(t, m.ReadInto(ctx, bb, ba.Remote()))
+	assert.Equal(t, a, b)
+	testpeer.Fill(b, 8)
+	half, err := bb.Slice(100, 4000)
+	require.NoError(t, err)
+	dst, err := ba.Remote().Slice(10, 4000)
+	require.NoError(t, err)
+	require.NoError(t, m.WriteFrom(ctx, dst, half))
+	assert.Equal(t, b[100:4100], a[10:4010])
+}
+
+func TestRouting(t *testing.T) {
+	m := newManager(t)
+	bs := m.Backends()
+	require.NotEmpty(t, bs)
+	assert.Equal(t, "shm", bs[0].Provider)
+	for _, b := range bs {
+		assert.NotEmpty(t, b.Reason)
+		assert.NotEmpty(t, b.Address)
+	}
+	peer := testpeer.Start(t)
+	h := peer.Register(4096, mr.ReadWrite, 1)
+	r, err := m.Route(h)
+	require.NoError(t, err)
+	assert.Equal(t, "shm", r.Backend, r.Reason)
+
+	// A peer with tcp only is reached over tcp even on this node.
+	tcpPeer := testpeer.Start(t, "tcp;ofi_rxm")
+	h = tcpPeer.Register(4096, mr.ReadWrite, 1)
+	r, err = m.Route(h)
+	require.NoError(t, err)
+	assert.Equal(t, "tcp;ofi_rxm", r.Backend, r.Reason)
+
+	// A manager with shm only cannot reach it.
+	shmOnly := newManager(t, transport.WithProviders("shm"))
+	_, err = shmOnly.Route(h)
+	assert.ErrorIs(t, err, transport.ErrNoRoute)
+	err = shmOnly.ReadInto(ctxTimeout(t, 5*time.Second), register(t, shmOnly, alloc(t, 4096), 0), h)
+	assert.ErrorIs(t, err, transport.ErrNoRoute)
+	assert.Contains(t, err.Error(), "tcp;ofi_rxm")
+}
+
+func TestConcurrentDisjointSlices(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			const workers, per = 16, 64 << 10
+			remote := peer.Register(workers*per, mr.ReadWrite, 5)
+			mem := alloc(t, workers*per)
+			local := register(t, m, mem, 0)
+			want := testpeer.Pattern(workers*per, 5)
+			copy(mem, want) // writes put back the bytes reads expect
+			ctx := ctxTimeout(t, time.Minute)
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					off := uint64(w * per)
+					l, _ := local.Slice(off, per)
+					r, _ := remote.Slice(off, per)
+					for round := 0; round < 8; round++ {
+						var err error
+						if (w+round)%2 == 0 {
+							err = m.ReadInto(ctx, l, r)
+							if err == nil && !bytes.Equal(l.Bytes(), want[off:off+per]) {
+								err = fmt.Errorf("worker %d round %d: read data differs", w, round)
+							}
+						} else {
+							err = m.WriteFrom(ctx, r, l)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				}(w)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			// Every slice ended with its pattern bytes (reads and writes
+			// of the same bytes).
+			require.Equal(t, testpeer.Sum(want), peer.Sum(0, 0, workers*per))
+		})
+	}
+}
+
+func TestActionOf100Ops(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			const ops, per = 100, 3000
+			src := peer.Register(ops*per, mr.ReadWrite, 9)  // read from it
+			sink := peer.Register(ops*per, mr.ReadWrite, 0) // written to
+			mem := alloc(t, 2*ops*per)
+			local := register(t, m, mem, 0)
+			testpeer.Fill(mem[ops*per:], 10)
+			a := m.NewAction()
+			for i := uint64(0); i < ops; i++ {
+				l, _ := local.Slice(i*per, per)
+				r, _ := src.Slice(i*per, per)
+				if i%2 == 0 {
+					a.ReadInto(l, r)
+					continue
+				}
+				w, _ := local.Slice(ops*per+i*per, per)
+				s, _ := sink.Slice(i*per, per)
+				a.WriteFrom(s, w)
+			}
+			require.Equal(t, ops, a.Len())
+			require.NoError(t, a.Submit(ctxTimeout(t, time.Minute)))
+			want := testpeer.Pattern(ops*per, 9)
+			for i := 0; i < ops; i += 2 {
+				require.Equal(t, want[i*per:(i+1)*per], mem[i*per:(i+1)*per], "op %d", i)
+			}
+			got := peer.Get(1, 0, ops*per)
+			for i := 1; i < ops; i += 2 {
+				require.Equal(t, mem[ops*per+i*per:ops*per+(i+1)*per], got[i*per:(i+1)*per], "op %d", i)
+			}
+		})
+	}
+}
+
+func TestActionConflicts(t *testing.T) {
+	m := newManager(t)
+	peer := testpeer.Start(t)
+	r := peer.Register(8192, mr.ReadWrite, 1)
+	local := register(t, m, alloc(t, 8192), 0)
+	a, _ := local.Slice(0, 4096)
+	b, _ := local.Slice(2048, 4096)
+	ra, _ := r.Slice(0, 4096)
+	err := m.NewAction().ReadInto(a, ra).ReadInto(b, ra).Submit(ctxTimeout(t, 5*time.Second))
+	assert.ErrorIs(t, err, transport.ErrConflict)
+	err = m.NewAction().ReadInto(a, ra).WriteFrom(ra, b).Submit(ctxTimeout(t, 5*time.Second))
+	assert.ErrorIs(t, err, transport.ErrConflict)
+	// Two writes from the same local bytes do not conflict.
+	err = m.NewAction().WriteFrom(ra, a).WriteFrom(ra, b).Submit(ctxTimeout(t, 5*time.Second))
+	assert.NoError(t, err)
+}
+
+func TestBadInput(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			remote := peer.Register(8192, mr.ReadWrite, 3)
+			mem := alloc(t, 8192)
+			local := register(t, m, mem, 0)
+			ctx := ctxTimeout(t, 20*time.Second)
+
+			_, err := local.Slice(4096, 8192)
+			assert.ErrorIs(t, err, transport.ErrOutOfRange)
+			_, err = remote.Slice(8193, 0)
+			assert.ErrorIs(t, err, transport.ErrOutOfRange)
+
+			small, _ := local.Slice(0, 100)
+			err = m.ReadInto(ctx, small, remote)
+			assert.ErrorIs(t, err, transport.ErrTooSmall)
+			assert.Contains(t, err.Error(), "reading 8192 bytes into a 100-byte buffer")
+			rsmall, _ := remote.Slice(0, 10)
+			assert.ErrorIs(t, m.WriteFrom(ctx, rsmall, local), transport.ErrTooSmall)
+
+			_, err = m.Register(make([]byte, 4096), mr.ReadWrite)
+			assert.ErrorIs(t, err, mr.ErrNotOffHeap)
+			assert.Contains(t, err.Error(), "mr.Alloc")
+
+			closed := register(t, m, alloc(t, 4096), 0)
+			require.NoError(t, closed.Close())
+			require.NoError(t, closed.Close(), "closing twice is a no-op")
+			r4k, _ := remote.Slice(0, 4096)
+			err = m.ReadInto(ctx, closed, r4k)
+			assert.ErrorIs(t, err, transport.ErrBufferClosed)
+
+			// The connection still works after all of that.
+			require.NoError(t, m.ReadInto(ctx, local, remote))
+			assert.Equal(t, testpeer.Pattern(8192, 3), mem)
+		})
+	}
+}
+
+func TestTamperedKeyIsAnError(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
+			peer := testpeer.Start(t, prov)
+			remote := peer.Register(4096, mr.ReadWrite, 4)
+			mem := alloc(t, 4096)
+			local := register(t, m, mem, 0)
+			ctx := ctxTimeout(t, 30*time.Second)
+
+			bad := tamperKey(t, remote)
+			err := m.ReadInto(ctx, local, bad)
+			require.Error(t, err, "a read with an altered key must fail")
+			t.Logf("read: %v", err)
+			assert.True(t, allZero(mem), "nothing may arrive with a bad key")
+			err = m.WriteFrom(ctx, bad, local)
+			require.Error(t, err, "a write with an altered key must fail")
+			t.Logf("write: %v", err)
+			assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 4)), peer.Sum(0, 0, 4096), "the peer's memory must not change")
+
+			// Transfers with the good handle still work afterwards.
+			require.Eventually(t, func() bool { return m.ReadInto(ctx, local, remote) == nil }, 10*time.Second, 50*time.Millisecond)
+			assert.Equal(t, testpeer.Pattern(4096, 4), mem)
+		})
+	}
+}
+
+func TestRemoteCloseFailsLaterTransfers(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
+			peer := testpeer.Start(t, prov)
+			remote := peer.Register(4096, mr.ReadWrite, 4)
+			other := peer.Register(4096, mr.ReadWrite, 5)
+			local := register(t, m, alloc(t, 4096), 0)
+			ctx := ctxTimeout(t, 30*time.Second)
+			require.NoError(t, m.ReadInto(ctx, local, remote))
+			peer.CloseBuf(0)
+			err := m.ReadInto(ctx, local, remote)
+			require.Error(t, err)
+			t.Logf("after close: %v", err)
+			err = m.WriteFrom(ctx, remote, local)
+			require.Error(t, err)
+			require.Eventually(t, func() bool { return m.ReadInto(ctx, local, other) == nil }, 10*time.Second, 50*time.Millisecond)
+		})
+	}
+}
+
+func TestOwnerKilledMidTransfer(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			victim := testpeer.Start(t, prov)
+			survivor := testpeer.Start(t, prov)
+			const n = 256 << 20
+			big := victim.Register(n, mr.ReadWrite, 1)
+			small := survivor.Register(4096, mr.ReadWrite, 2)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+
+			errc := make(chan error, 1)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			start := time.Now()
+			go func() {
+				var err error
+				for i := 0; i < 20 && err == nil; i++ {
+					if i%2 == 0 {
+						err = m.ReadInto(ctx, local, big)
+					} else {
+						err = m.WriteFrom(ctx, big, local)
+					}
+				}
+				errc <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			victim.Kill()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(30 * time.Second):
+				t.Fatal("transfer did not return after the owner was killed")
+			}
+			require.Error(t, err)
+			t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			var te *transport.TransferError
+			require.ErrorAs(t, err, &te)
+			var ce *completion.Error
+			var to *completion.TimeoutError
+			assert.True(t, errors.As(err, &ce) || errors.As(err, &to), "a chunk error or a timeout: %v", err)
+
+			// The manager still works with the other peer.
+			l4k, _ := local.Slice(0, 4096)
+			require.NoError(t, m.ReadInto(ctxTimeout(t, 20*time.Second), l4k, small))
+			assert.Equal(t, testpeer.Pattern(4096, 2), l4k.Bytes())
+		})
+	}
+}
+
+func TestManagerClose(t *testing.T) {
+	m, err := transport.New(context.Background())
+	require.NoError(t, err)
+	mem := alloc(t, 4096)
+	b, err := m.Register(mem, mr.ReadWrite)
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	require.NoError(t, m.Close(), "closing twice is a no-op")
+	_, err = m.Register(mem, mr.ReadWrite)
+	assert.ErrorIs(t, err, transport.ErrClosed)
+	assert.ErrorIs(t, m.ReadInto(context.Background(), b, b.Remote()), transport.ErrClosed)
+	assert.NoError(t, b.Close())
+}
