@@ -104,19 +104,12 @@ type posting struct {
 	slot uint32
 }
 
-type call struct {
-	fn   func()
-	done chan struct{}
-}
-
-type abandon struct {
-	job *Job
-	gen uint64
-	err error
-}
-
-// Loop is the progress loop of one endpoint. Its goroutine makes every
-// libfabric call on the endpoint.
+// Loop drives the progress of one endpoint. Every libfabric call on the
+// endpoint, and all of the loop's bookkeeping, happen under its drive lock,
+// taken by whoever progresses the endpoint: a goroutine waiting for its own
+// job (it posts and reaps itself, with no hand-off to another goroutine),
+// or, when nobody waits, the loop's background goroutine — which keeps
+// progressing even when the endpoint is only a target.
 type Loop struct {
 	ep     *endpoint.Endpoint
 	raw    *ofi.Endpoint
@@ -124,27 +117,29 @@ type Loop struct {
 	policy PollPolicy
 	log    zerolog.Logger
 
-	mu          sync.Mutex
+	mu          sync.Mutex // guards the fields up to drive
 	inbox       []*Job
-	abandons    []abandon
-	calls       []call
 	closing     bool
 	beforeClose func()
-	sleeping    atomic.Bool
-	wake        chan struct{}
-	exited      chan struct{}
 
-	// owned by the loop goroutine
-	spareJobs  []*Job
-	spareCalls []call
-	spareAbans []abandon
+	drive    sync.Mutex   // held for every endpoint call and the state below
+	drivers  atomic.Int32 // goroutines driving progress in Wait
+	sleeping atomic.Bool  // the background goroutine blocks in fi_cq_sread
+	wake     chan struct{}
+	exited   chan struct{}
+	timer    *time.Timer // the background goroutine's
+
+	// under drive
+	down       bool   // the endpoint is closed
+	spareJobs  []*Job //
 	active     []*Job // jobs with chunks not yet posted, in order
 	running    []*Job // jobs not finished, for deadlines
 	slots      []slotRec
 	free       []uint32
 	batch      []posting
 	inflight   int
-	timer      *time.Timer
+	iter       int
+	lastActive time.Time
 }
 
 // Start starts the progress loop of ep. The loop owns ep from now on:
@@ -156,7 +151,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 		policy: policy.normalized(), log: log.With().Str("provider", ep.Provider()).Logger(),
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
-		batch: make([]posting, 0, postBatch),
+		batch: make([]posting, 0, postBatch), lastActive: time.Now(),
 		timer: time.NewTimer(time.Hour),
 	}
 	l.timer.Stop()
@@ -167,10 +162,13 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 	return l
 }
 
-// Endpoint is the loop's endpoint. Call its methods only from Do.
+// Endpoint is the loop's endpoint. Call its methods only inside Do.
 func (l *Loop) Endpoint() *endpoint.Endpoint { return l.ep }
 
-// Submit queues a job. It fails with ErrClosed when the loop is closing.
+// Submit queues a job; Wait for it, which progresses it. (Submit does not
+// wake the background goroutine: it would only compete with the waiter.
+// Without a waiter the job still starts within the poll policy's
+// MaxSleep.) It fails with ErrClosed when the loop is closing.
 func (l *Loop) Submit(j *Job) error {
 	l.mu.Lock()
 	if l.closing {
@@ -179,46 +177,81 @@ func (l *Loop) Submit(j *Job) error {
 	}
 	l.inbox = append(l.inbox, j)
 	l.mu.Unlock()
-	l.kick()
 	return nil
 }
 
-// Wait waits until the job finished, or until ctx ends: then the job is
-// finished with a *TimeoutError (its chunks still in flight stay owned by
-// the loop until they complete). It always returns with the job finished.
+// Wait waits until the job finished, progressing the endpoint itself while
+// that brings completions (for up to the poll policy's Spin without any),
+// then leaving it to the background goroutine. When ctx ends first, the
+// job is finished with a *TimeoutError; chunks still in flight stay
+// registered until they complete. It returns with the job finished.
 func (l *Loop) Wait(ctx context.Context, j *Job) {
+	select {
+	case <-j.done:
+		return
+	default:
+	}
+	l.drivers.Add(1)
+	last := time.Now()
+	for i := 1; ; i++ {
+		if l.drive.TryLock() {
+			worked := l.iterate()
+			l.drive.Unlock()
+			if worked {
+				last = time.Now()
+			}
+		} else if l.sleeping.Load() {
+			l.raw.Signal() // make the background goroutine leave fi_cq_sread
+		}
+		select {
+		case <-j.done:
+			l.drivers.Add(-1)
+			return
+		default:
+		}
+		if i&15 == 0 {
+			if ctx.Err() != nil || time.Since(last) > l.policy.Spin {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	l.drivers.Add(-1)
+	l.kick()
 	select {
 	case <-j.done:
 		return
 	case <-ctx.Done():
 	}
-	l.mu.Lock()
-	l.abandons = append(l.abandons, abandon{job: j, gen: j.gen.Load(), err: ctx.Err()})
-	l.mu.Unlock()
-	l.kick()
+	gen := j.gen.Load()
+	l.drive.Lock()
+	if !l.down && j.gen.Load() == gen && !j.finished {
+		l.expire(j, ctx.Err())
+	}
+	l.drive.Unlock()
 	<-j.done
 }
 
-// Do runs fn on the loop goroutine and waits for it: the way to register
-// memory, insert peers or close MRs, all of which touch the endpoint.
+// Do runs fn with the endpoint to itself: the way to register memory,
+// insert peers or close MRs. It fails with ErrClosed once the endpoint is
+// closed.
 func (l *Loop) Do(fn func()) error {
-	c := call{fn: fn, done: make(chan struct{})}
-	l.mu.Lock()
-	if l.closing {
-		l.mu.Unlock()
+	if l.sleeping.Load() {
+		l.raw.Signal()
+	}
+	l.drive.Lock()
+	defer l.drive.Unlock()
+	if l.down {
 		return ErrClosed
 	}
-	l.calls = append(l.calls, c)
-	l.mu.Unlock()
-	l.kick()
-	<-c.done
+	fn()
 	return nil
 }
 
 // Close fails the jobs not yet finished with ErrClosed, runs
-// beforeEndpointClose (if not nil) on the loop goroutine — the place to
-// close memory registrations, which must go before their endpoint — then
-// closes the endpoint and stops the loop. Closing twice is a no-op.
+// beforeEndpointClose (if not nil) with the endpoint to itself — the place
+// to close memory registrations, which must go before their endpoint —
+// then closes the endpoint and stops the loop. Closing twice is a no-op.
 func (l *Loop) Close(beforeEndpointClose func()) {
 	l.mu.Lock()
 	already := l.closing
@@ -241,61 +274,79 @@ func (l *Loop) kick() {
 	}
 }
 
+// run is the background goroutine: it progresses the endpoint when no
+// waiter does, spinning for the policy's Spin after activity and then
+// sleeping between polls.
 func (l *Loop) run() {
 	defer close(l.exited)
-	p := l.policy
-	lastActive := time.Now()
-	sleep := p.MinSleep
-	for iter := 0; ; iter++ {
-		worked, stop := l.intake()
-		if stop {
+	sleep := l.policy.MinSleep
+	for {
+		l.mu.Lock()
+		closing := l.closing
+		l.mu.Unlock()
+		if closing {
+			l.drive.Lock()
 			l.shutdown()
+			l.drive.Unlock()
 			return
 		}
-		if l.post() {
-			worked = true
-		}
-		if l.reap() {
-			worked = true
-		}
-		if iter&1023 == 0 {
-			l.pollEQ()
-		}
-		if len(l.running) > 0 && (iter&255 == 0 || !worked) {
-			l.checkDeadlines(time.Now())
-		}
-		if worked {
-			lastActive = time.Now()
-			sleep = p.MinSleep
+		if l.drivers.Load() > 0 {
+			l.pause(l.policy.MaxSleep) // a waiter drives
 			continue
 		}
-		if time.Since(lastActive) < p.Spin {
-			if iter&63 == 0 {
-				runtime.Gosched()
-			}
+		l.drive.Lock()
+		worked := l.iterate()
+		idleFor := time.Since(l.lastActive)
+		l.drive.Unlock()
+		if worked {
+			sleep = l.policy.MinSleep
+			continue
+		}
+		if idleFor < l.policy.Spin {
+			runtime.Gosched()
 			continue
 		}
 		if l.idle(sleep) {
-			lastActive = time.Now()
-			sleep = p.MinSleep
+			sleep = l.policy.MinSleep
 			continue
 		}
-		sleep = min(2*sleep, p.MaxSleep)
+		sleep = min(2*sleep, l.policy.MaxSleep)
 	}
 }
 
-// intake takes submissions, abandonments and calls. It reports whether
-// there was any, and whether the loop must stop.
-func (l *Loop) intake() (worked, stop bool) {
-	l.mu.Lock()
-	jobs, abans, calls := l.inbox, l.abandons, l.calls
-	l.inbox, l.abandons, l.calls = l.spareJobs[:0], l.spareAbans[:0], l.spareCalls[:0]
-	stop = l.closing
-	l.mu.Unlock()
-	select {
-	case <-l.wake:
-	default:
+// iterate is one round of progress: take submissions, post, reap, check
+// the event queue and deadlines. It reports whether anything happened.
+// Under the drive lock.
+func (l *Loop) iterate() bool {
+	if l.down {
+		return false
 	}
+	l.iter++
+	worked := l.intake()
+	if l.post() {
+		worked = true
+	}
+	if l.reap() {
+		worked = true
+	}
+	if l.iter&1023 == 0 {
+		l.pollEQ()
+	}
+	if len(l.running) > 0 && (l.iter&255 == 0 || !worked) {
+		l.checkDeadlines(time.Now())
+	}
+	if worked {
+		l.lastActive = time.Now()
+	}
+	return worked
+}
+
+// intake takes the submitted jobs. Under the drive lock.
+func (l *Loop) intake() bool {
+	l.mu.Lock()
+	jobs := l.inbox
+	l.inbox = l.spareJobs[:0]
+	l.mu.Unlock()
 	for _, j := range jobs {
 		if len(j.Chunks) == 0 {
 			j.running = -1
@@ -307,21 +358,20 @@ func (l *Loop) intake() (worked, stop bool) {
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
 	}
-	for _, c := range calls {
-		c.fn()
-		close(c.done)
-	}
-	for _, a := range abans {
-		if a.job.gen.Load() == a.gen && !a.job.finished {
-			l.expire(a.job, a.err)
-		}
-	}
-	worked = len(jobs)+len(abans)+len(calls) > 0
+	worked := len(jobs) > 0
 	clear(jobs)
-	clear(abans)
-	clear(calls)
-	l.spareJobs, l.spareAbans, l.spareCalls = jobs[:0], abans[:0], calls[:0]
-	return worked, stop
+	l.spareJobs = jobs[:0]
+	return worked
+}
+
+// pause waits for a kick or d. Only the background goroutine calls it.
+func (l *Loop) pause(d time.Duration) {
+	l.timer.Reset(d)
+	select {
+	case <-l.wake:
+	case <-l.timer.C:
+	}
+	l.timer.Stop()
 }
 
 // post posts chunks of the active jobs, in order, as long as there are
@@ -555,36 +605,38 @@ func (l *Loop) pollEQ() {
 	}
 }
 
-// idle waits for work: in fi_cq_sread when the CQ wakes on traffic, else
-// on the wake channel or a timer. It reports whether completions arrived.
+// idle waits for work: in fi_cq_sread (holding the drive lock; waiters
+// and Do signal it out) when the CQ wakes on traffic, else on a kick or a
+// timer. It reports whether completions arrived.
 func (l *Loop) idle(d time.Duration) bool {
-	l.sleeping.Store(true)
-	defer l.sleeping.Store(false)
 	l.mu.Lock()
-	pending := len(l.inbox)+len(l.calls)+len(l.abandons) > 0 || l.closing
+	pending := len(l.inbox) > 0 || l.closing
 	l.mu.Unlock()
-	if pending {
+	if pending || l.drivers.Load() > 0 {
 		return false
 	}
 	if l.ep.Waitable() {
-		ms := int(d / time.Millisecond)
-		if ms < 1 {
-			ms = 1
+		l.drive.Lock()
+		defer l.drive.Unlock()
+		if l.down {
+			return false
 		}
+		l.sleeping.Store(true)
+		defer l.sleeping.Store(false)
+		ms := max(int(d/time.Millisecond), 1)
 		slots, err := l.q.Wait(l.raw, ms)
-		return l.handle(slots, err)
+		worked := l.handle(slots, err)
+		if worked {
+			l.lastActive = time.Now()
+		}
+		return worked
 	}
-	l.timer.Reset(d)
-	select {
-	case <-l.wake:
-	case <-l.timer.C:
-	}
-	l.timer.Stop()
+	l.pause(d)
 	return false
 }
 
 // shutdown fails every unfinished job, closes the endpoint and then
-// settles every job, in flight or not.
+// settles every job, in flight or not. Under the drive lock.
 func (l *Loop) shutdown() {
 	seen := map[*Job]bool{}
 	var jobs []*Job
@@ -606,8 +658,7 @@ func (l *Loop) shutdown() {
 		j.running = -1
 		add(j)
 	}
-	calls := l.calls
-	l.inbox, l.calls = nil, nil
+	l.inbox = nil
 	before := l.beforeClose
 	l.mu.Unlock()
 	for _, j := range jobs {
@@ -616,16 +667,13 @@ func (l *Loop) shutdown() {
 			l.finish(j, ErrClosed)
 		}
 	}
-	for _, c := range calls {
-		c.fn()
-		close(c.done)
-	}
 	if before != nil {
 		before()
 	}
 	// Closing the endpoint ends what the provider was doing with the
 	// memory of ops still in flight; only then are they idle.
 	l.ep.Close()
+	l.down = true
 	l.active, l.running = nil, nil
 	for _, j := range jobs {
 		j.inflight = 0

@@ -191,6 +191,9 @@ type guardCheck struct {
 // verifyGuards reads the guard entries of the handles (one job per peer)
 // and sets each check's err.
 func (m *Manager) verifyGuards(ctx context.Context, b *backend, checks []*guardCheck) error {
+	if len(checks) == 1 {
+		return m.verifyPeerGuards(ctx, b, checks)
+	}
 	byPeer := map[string][]*guardCheck{}
 	for _, c := range checks {
 		byPeer[string(c.ep.name)] = append(byPeer[string(c.ep.name)], c)

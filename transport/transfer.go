@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/fitransfer/fitransfer/completion"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -262,10 +261,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
 	if o.op == completion.Write {
-		j.Flags = uint64(ofi.OpDeliveryComplete)
-		if m.cfg.transmitComplete {
-			j.Flags = uint64(ofi.OpTransmitComplete)
-		}
+		j.Flags = m.writeFlags(b, &p, o.ep)
 	}
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
@@ -388,4 +390,74 @@ func TestManagerClose(t *testing.T) {
 	assert.ErrorIs(t, err, transport.ErrClosed)
 	assert.ErrorIs(t, m.ReadInto(context.Background(), b, b.Remote()), transport.ErrClosed)
 	assert.NoError(t, b.Close())
+}
+
+// TestWriteIsVisibleAtReturn checks, the instant WriteFrom returns, the
+// target's memory itself (process_vm_readv into the child): a nil error
+// means the bytes are there.
+func TestWriteIsVisibleAtReturn(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			const n = 256 << 10
+			remote := peer.Register(n, mr.ReadWrite, 1)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+			got := make([]byte, n)
+			ctx := ctxTimeout(t, time.Minute)
+			for i := 0; i < 100; i++ {
+				size := uint64(8 << (i % 16)) // 8 B .. 256 KiB
+				l, _ := local.Slice(0, size)
+				testpeer.Fill(mem[:size], uint64(1000+i))
+				require.NoError(t, m.WriteFrom(ctx, remote, l))
+				nr, err := unix.ProcessVMReadv(peer.Pid,
+					[]unix.Iovec{{Base: &got[0], Len: size}},
+					[]unix.RemoteIovec{{Base: uintptr(peer.Addr(0)), Len: int(size)}}, 0)
+				require.NoError(t, err)
+				require.Equal(t, int(size), nr)
+				require.True(t, bytes.Equal(mem[:size], got[:size]), "write %d of %d bytes not visible when WriteFrom returned", i, size)
+			}
+		})
+	}
+}
+
+// TestWriteDeliveryWithStoppedOwner stops the owner (SIGSTOP) so that it
+// cannot progress, and checks that WriteFrom never returns while the bytes
+// are not yet in the owner's memory.
+func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			const n = 64 << 10
+			remote := peer.Register(n, mr.ReadWrite, 1)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+			ctx := ctxTimeout(t, time.Minute)
+			require.NoError(t, m.WriteFrom(ctx, remote, local)) // connected
+			testpeer.Fill(mem, 77)
+			visible := func() bool {
+				got := make([]byte, n)
+				nr, err := unix.ProcessVMReadv(peer.Pid, []unix.Iovec{{Base: &got[0], Len: n}},
+					[]unix.RemoteIovec{{Base: uintptr(peer.Addr(0)), Len: n}}, 0)
+				return err == nil && nr == n && bytes.Equal(got, mem)
+			}
+			peer.Signal(syscall.SIGSTOP)
+			done := make(chan error, 1)
+			go func() { done <- m.WriteFrom(ctx, remote, local) }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+				require.True(t, visible(), "WriteFrom returned while the stopped owner's memory lacks the bytes")
+				t.Logf("%s: write completed with the owner stopped (single-copy path), bytes visible", prov)
+			case <-time.After(300 * time.Millisecond):
+				peer.Signal(syscall.SIGCONT)
+				require.NoError(t, <-done)
+				require.True(t, visible())
+				t.Logf("%s: write waited for the stopped owner", prov)
+			}
+			peer.Signal(syscall.SIGCONT)
+		})
+	}
 }

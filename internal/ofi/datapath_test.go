@@ -19,7 +19,7 @@ type side struct {
 	q  *Queue
 }
 
-func openSide(t *testing.T, info *Info) *side {
+func openSide(t testing.TB, info *Info) *side {
 	f, err := OpenFabric(info)
 	require.NoError(t, err)
 	d, err := f.OpenDomain(info)
@@ -31,7 +31,7 @@ func openSide(t *testing.T, info *Info) *side {
 	return s
 }
 
-func rmaInfo(t *testing.T, prov string, order MsgOrder) *Info {
+func rmaInfo(t testing.TB, prov string, order MsgOrder) *Info {
 	h := &Info{Caps: CapMsg | CapRMA | CapRead | CapWrite | CapRemoteRead | CapRemoteWrite, Mode: ModeContext | ModeContext2}
 	h.EP.Type = EPRDM
 	h.Domain.MRMode = MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MREndpoint
@@ -43,7 +43,7 @@ func rmaInfo(t *testing.T, prov string, order MsgOrder) *Info {
 	return &infos[0]
 }
 
-func mmap(t *testing.T, n int) []byte {
+func mmap(t testing.TB, n int) []byte {
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(b) })

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -75,6 +76,7 @@ type request struct {
 
 type reply struct {
 	Handle []byte `json:"handle,omitempty"`
+	Addr   uint64 `json:"addr,omitempty"`
 	Sum    string `json:"sum,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Pid    int    `json:"pid,omitempty"`
@@ -107,18 +109,19 @@ func child(in io.Reader, out io.Writer) int {
 	defer m.Close()
 	var bufs []*transport.Buffer
 	var mems [][]byte
-	register := func(size int, access mr.Access, seed uint64) ([]byte, error) {
+	register := func(size int, access mr.Access, seed uint64) ([]byte, uint64, error) {
 		mem, err := mr.Alloc(size)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		Fill(mem, seed)
 		b, err := m.Register(mem, access)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		bufs, mems = append(bufs, b), append(mems, mem)
-		return b.Remote().MarshalBinary()
+		h, err := b.Remote().MarshalBinary()
+		return h, uint64(uintptr(unsafe.Pointer(&mem[0]))), err
 	}
 	_ = enc.Encode(reply{Pid: os.Getpid()})
 	sc := bufio.NewScanner(in)
@@ -135,7 +138,7 @@ func child(in io.Reader, out io.Writer) int {
 		}
 		switch req.Cmd {
 		case "register":
-			rep.Handle, err = register(req.Size, mr.Access(req.Access), req.Seed)
+			rep.Handle, rep.Addr, err = register(req.Size, mr.Access(req.Access), req.Seed)
 		case "sum":
 			rep.Sum = Sum(mems[req.Buf][req.Off : req.Off+req.Len])
 		case "get":
@@ -166,6 +169,7 @@ type Peer struct {
 	out   *bufio.Scanner
 	Pid   int
 	waitc chan error
+	addrs []uint64
 }
 
 // Start starts a child owner restricted to providers (none: its own
@@ -241,12 +245,16 @@ func (p *Peer) do(req request) reply {
 func (p *Peer) Register(size int, access mr.Access, seed uint64) transport.RemoteBuffer {
 	p.t.Helper()
 	rep := p.do(request{Cmd: "register", Size: size, Access: uint8(access), Seed: seed})
+	p.addrs = append(p.addrs, rep.Addr)
 	var r transport.RemoteBuffer
 	if err := r.UnmarshalBinary(rep.Handle); err != nil {
 		p.t.Fatalf("handle from test peer: %v", err)
 	}
 	return r
 }
+
+// Addr is the address of buffer buf in the child's memory.
+func (p *Peer) Addr(buf int) uint64 { return p.addrs[buf] }
 
 // Sum is the hex SHA-256 of bytes [off, off+n) of buffer buf in the child.
 func (p *Peer) Sum(buf int, off, n uint64) string {

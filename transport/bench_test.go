@@ -1,0 +1,50 @@
+package transport_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// BenchmarkTransfer measures one synchronous transfer at a time with a
+// peer process, per provider and size: MB/s (decimal) and allocations per
+// op. `make bench` prints it next to the peer tools.
+func BenchmarkTransfer(b *testing.B) {
+	sizes := []int{8, 4 << 10, 64 << 10, 1 << 20}
+	for _, prov := range providers {
+		m := newManager(b, transport.WithProviders(prov))
+		peer := testpeer.Start(b, prov)
+		remote := peer.Register(1<<20, mr.ReadWrite, 1)
+		local := register(b, m, alloc(b, 1<<20), 0)
+		ctx := context.Background()
+		for _, op := range []string{"ReadInto", "WriteFrom"} {
+			for _, size := range sizes {
+				b.Run(fmt.Sprintf("%s/%s/%d", op, prov, size), func(b *testing.B) {
+					l, _ := local.Slice(0, uint64(size))
+					r, _ := remote.Slice(0, uint64(size))
+					run := func() error {
+						if op == "ReadInto" {
+							return m.ReadInto(ctx, l, r)
+						}
+						return m.WriteFrom(ctx, r, l)
+					}
+					if err := run(); err != nil { // connect and warm up
+						b.Fatal(err)
+					}
+					b.SetBytes(int64(size))
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						if err := run(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}

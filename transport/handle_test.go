@@ -1,0 +1,167 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// sampleHandle is a handle as an shm + tcp manager makes it.
+func sampleHandle() RemoteBuffer {
+	return RemoteBuffer{
+		node: ID{1, 2, 3}, owner: ID{4, 5, 6}, id: 7, off: 100, n: 4000, size: 8192, access: mr.ReadWrite,
+		eps: []remoteEP{
+			{provider: "shm", name: []byte("fi_shm://1234:0:0\x00"), key: 0xdeadbeef, base: 0x7f0000001000,
+				guard: &guardRef{table: 0x7f0000100000, key: 99, slot: 3, gen: 2}},
+			{provider: "tcp;ofi_rxm", name: []byte{2, 0, 0x1e, 0x61, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}, key: 0x1234, base: 0},
+		},
+	}
+}
+
+func TestHandleRoundTrip(t *testing.T) {
+	h := sampleHandle()
+	b, err := h.MarshalBinary()
+	require.NoError(t, err)
+	var back RemoteBuffer
+	require.NoError(t, back.UnmarshalBinary(b))
+	assert.Equal(t, h, back)
+
+	j, err := json.Marshal(h)
+	require.NoError(t, err)
+	var fromJSON RemoteBuffer
+	require.NoError(t, json.Unmarshal(j, &fromJSON))
+	assert.Equal(t, h, fromJSON)
+	assert.Contains(t, string(j), `"provider":"tcp;ofi_rxm"`)
+	assert.Contains(t, string(j), `"access":["remote_read","remote_write"]`)
+}
+
+func TestHandleRejectsDamage(t *testing.T) {
+	h := sampleHandle()
+	good, err := h.MarshalBinary()
+	require.NoError(t, err)
+	for n := 0; n < len(good); n++ {
+		var r RemoteBuffer
+		err := r.UnmarshalBinary(good[:n])
+		require.Error(t, err, "truncated to %d bytes", n)
+		assert.True(t, errors.Is(err, ErrBadHandle))
+	}
+	for i := range good {
+		bad := bytes.Clone(good)
+		bad[i] ^= 0x40
+		var r RemoteBuffer
+		assert.ErrorIs(t, r.UnmarshalBinary(bad), ErrBadHandle, "byte %d flipped", i)
+	}
+	var r RemoteBuffer
+	assert.ErrorIs(t, r.UnmarshalBinary(append(bytes.Clone(good), 0)), ErrBadHandle)
+	assert.ErrorIs(t, r.UnmarshalBinary(make([]byte, MaxHandleSize+1)), ErrBadHandle)
+}
+
+func TestHandleVersion(t *testing.T) {
+	good, err := sampleHandle().MarshalBinary()
+	require.NoError(t, err)
+	bad := bytes.Clone(good)
+	bad[4] = 2
+	var r RemoteBuffer
+	err = r.UnmarshalBinary(bad)
+	assert.ErrorIs(t, err, ErrBadHandle)
+	assert.Contains(t, err.Error(), "format version 2; this fitransfer reads version 1")
+
+	err = json.Unmarshal([]byte(`{"version":3}`), &r)
+	assert.ErrorContains(t, err, "format version 3")
+}
+
+func TestHandleFieldChecks(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*RemoteBuffer)
+		want   string
+	}{
+		{"range past the end", func(r *RemoteBuffer) { r.n = r.size }, "outside the 8192-byte buffer"},
+		{"offset overflow", func(r *RemoteBuffer) { r.off = ^uint64(0) - 10 }, "outside"},
+		{"no endpoint", func(r *RemoteBuffer) { r.eps = nil }, "no endpoint"},
+		{"empty provider", func(r *RemoteBuffer) { r.eps[0].provider = "" }, "provider name of 0 bytes"},
+		{"duplicate provider", func(r *RemoteBuffer) { r.eps[1].provider = "shm" }, "listed twice"},
+		{"empty address", func(r *RemoteBuffer) { r.eps[1].name = nil }, "address of 0 bytes"},
+		{"address overflow", func(r *RemoteBuffer) { r.eps[0].base = ^uint64(0) - 5 }, "overflows"},
+		{"access bits", func(r *RemoteBuffer) { r.access = 0x80 }, "unknown access bits"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := sampleHandle()
+			h.eps = append([]remoteEP(nil), h.eps...)
+			tt.modify(&h)
+			_, err := h.MarshalBinary()
+			assert.ErrorIs(t, err, ErrBadHandle)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestRemoteSlice(t *testing.T) {
+	h := sampleHandle()
+	s, err := h.Slice(10, 20)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(20), s.Len())
+	assert.Equal(t, uint64(110), s.off)
+	_, err = h.Slice(3990, 11)
+	assert.ErrorIs(t, err, ErrOutOfRange)
+	_, err = h.Slice(^uint64(0), 2)
+	assert.ErrorIs(t, err, ErrOutOfRange)
+}
+
+func FuzzUnmarshalBinary(f *testing.F) {
+	good, _ := sampleHandle().MarshalBinary()
+	f.Add(good)
+	f.Add(good[:len(good)/2])
+	f.Add([]byte("FTRB"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r RemoteBuffer
+		if err := r.UnmarshalBinary(data); err != nil {
+			if !errors.Is(err, ErrBadHandle) {
+				t.Fatalf("error not wrapping ErrBadHandle: %v", err)
+			}
+			return
+		}
+		// A handle that decodes re-encodes to the same bytes and its
+		// range lies inside its buffer.
+		again, err := r.MarshalBinary()
+		if err != nil || !bytes.Equal(again, data) {
+			t.Fatalf("decoded handle does not re-encode to its bytes: %v", err)
+		}
+		if r.off+r.n > r.size || r.off+r.n < r.off {
+			t.Fatalf("range [%d,+%d) outside %d", r.off, r.n, r.size)
+		}
+	})
+}
+
+func FuzzUnmarshalJSON(f *testing.F) {
+	good, _ := json.Marshal(sampleHandle())
+	f.Add(good)
+	f.Add([]byte(`{"version":1}`))
+	f.Add([]byte(`{"version":1,"length":18446744073709551615,"size":1,"endpoints":[{"provider":"shm","name":"AA=="}]}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r RemoteBuffer
+		if err := json.Unmarshal(data, &r); err != nil {
+			return
+		}
+		if err := r.check(); err != nil {
+			t.Fatalf("decoded an invalid handle: %v", err)
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back RemoteBuffer
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatalf("re-decoding: %v", err)
+		}
+	})
+}
