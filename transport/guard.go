@@ -180,34 +180,42 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) err
 	return nil
 }
 
-// guardCheck is one handle to check before a transfer.
+// guardCheck is one handle to check before a transfer: the op at index
+// op of the request.
 type guardCheck struct {
-	remote *RemoteBuffer
-	ep     *remoteEP
-	need   mr.Access
-	err    error
+	op  int
+	err error
 }
 
-// verifyGuards reads the guard entries of the handles (one job per peer)
-// and sets each check's err.
-func (m *Manager) verifyGuards(ctx context.Context, b *backend, checks []*guardCheck) error {
-	if len(checks) == 1 {
-		return m.verifyPeerGuards(ctx, b, checks)
-	}
-	byPeer := map[string][]*guardCheck{}
-	for _, c := range checks {
-		byPeer[string(c.ep.name)] = append(byPeer[string(c.ep.name)], c)
-	}
-	for _, group := range byPeer {
-		if err := m.verifyPeerGuards(ctx, b, group); err != nil {
+// verifyGuards reads the guard entries of the ops' handles (one job per
+// peer) and sets each check's err.
+func (m *Manager) verifyGuards(ctx context.Context, b *backend, ops []opSpec, checks []guardCheck) error {
+	for first := 0; first < len(checks); first++ {
+		name := ops[checks[first].op].ep.name
+		if first > 0 && done(ops, checks[:first], name) {
+			continue
+		}
+		if err := m.verifyPeerGuards(ctx, b, ops, checks[first:], name); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, group []*guardCheck) error {
-	p, err := b.peer(group[0].ep.name)
+// done reports whether the checks of the peer name were already run.
+func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
+	for _, c := range earlier {
+		if string(ops[c.op].ep.name) == string(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// verifyPeerGuards runs, in one job, the checks of the handles of one
+// peer among checks.
+func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
+	p, err := b.peer(name)
 	if err != nil {
 		return err
 	}
@@ -215,7 +223,11 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, group []*gua
 	defer x.release()
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
-	for _, c := range group {
+	for _, c := range checks {
+		ep := ops[c.op].ep
+		if string(ep.name) != string(name) {
+			continue
+		}
 		s, err := b.scratch.get(ctx)
 		if err != nil {
 			return err
@@ -224,7 +236,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, group []*gua
 		entry := b.scratch.entry(s)
 		j.Chunks = append(j.Chunks, completion.Chunk{
 			Local: unsafe.Pointer(&entry[0]), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
-			Remote: c.ep.guard.table + uint64(c.ep.guard.slot)*guardEntrySize, Key: c.ep.guard.key,
+			Remote: ep.guard.table + uint64(ep.guard.slot)*guardEntrySize, Key: ep.guard.key,
 		})
 	}
 	if err := x.submit(); err != nil {
@@ -232,11 +244,17 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, group []*gua
 	}
 	b.loop.Wait(ctx, j)
 	if len(j.Errs) > 0 {
-		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(group), Chunks: len(j.Chunks),
+		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks),
 			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}
 	}
-	for i, c := range group {
-		c.err = checkEntry(b.scratch.entry(x.scratch[i]), c.remote, c.ep, c.need)
+	k := 0
+	for i := range checks {
+		o := &ops[checks[i].op]
+		if string(o.ep.name) != string(name) {
+			continue
+		}
+		checks[i].err = checkEntry(b.scratch.entry(x.scratch[k]), &o.remote, o.ep, need(o.op))
+		k++
 	}
 	return nil
 }

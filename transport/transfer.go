@@ -162,7 +162,8 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
 func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
-	var checks []*guardCheck
+	var one [1]guardCheck
+	checks := one[:0]
 	var checkBackend *backend
 	for i := range ops {
 		o := &ops[i]
@@ -194,13 +195,13 @@ func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
 			if checkBackend == nil {
 				checkBackend = b
 			}
-			checks = append(checks, &guardCheck{remote: &o.remote, ep: ep, need: need(o.op)})
+			checks = append(checks, guardCheck{op: i})
 		}
 	}
 	if len(checks) == 0 {
 		return nil
 	}
-	if err := m.verifyGuards(ctx, checkBackend, checks); err != nil {
+	if err := m.verifyGuards(ctx, checkBackend, ops, checks); err != nil {
 		return err
 	}
 	for _, c := range checks {

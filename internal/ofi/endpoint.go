@@ -17,7 +17,10 @@ type Endpoint struct {
 	e        C.struct_ft_ep
 	name     []byte
 	waitable bool
+	eqMsg    *C.char // C buffer PollEQ reads messages into
 }
+
+const eqMsgLen = 256
 
 // OpenEndpoint opens, binds and enables an endpoint on the domain, with the
 // fi_info the domain was opened from. cqSize 0 lets the provider choose.
@@ -34,6 +37,7 @@ func (d *Domain) OpenEndpoint(cqSize int, cqWait bool) (*Endpoint, error) {
 		return nil, check(C.GoString(stage), rc)
 	}
 	ep.waitable = waitable == 1
+	ep.eqMsg = (*C.char)(C.calloc(eqMsgLen, 1))
 	name, err := ep.getName()
 	if err != nil {
 		C.ft_ep_close(&ep.e)
@@ -107,14 +111,12 @@ func (ep *Endpoint) MaxRMASize() (uint64, error) {
 // PollEQ reads one event queue entry: the provider's message for an
 // asynchronous error, or "" when there was none.
 func (ep *Endpoint) PollEQ() (string, error) {
-	var buf [256]C.char
-	var event C.uint32_t
-	rc := C.ft_eq_poll(ep.e.eq, &event, &buf[0], C.size_t(len(buf)))
+	rc := C.ft_eq_poll(ep.e.eq, ep.eqMsg, eqMsgLen)
 	switch {
 	case rc < 0:
 		return "", check("fi_eq_read", rc)
 	case rc == 1:
-		return C.GoString(&buf[0]), nil
+		return C.GoString(ep.eqMsg), nil
 	}
 	return "", nil
 }
@@ -126,6 +128,10 @@ func (ep *Endpoint) Close() {
 		return
 	}
 	C.ft_ep_close(&ep.e)
+	if ep.eqMsg != nil {
+		C.free(unsafe.Pointer(ep.eqMsg))
+		ep.eqMsg = nil
+	}
 }
 
 // ProbeEFAEmulated opens a throwaway endpoint (not enabled) and asks the

@@ -347,14 +347,15 @@ int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nct
 	return 1;
 }
 
-int ft_eq_poll(struct fid_eq *eq, uint32_t *event, char *msg, size_t len)
+int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len)
 {
 	struct fi_eq_err_entry e;
+	uint32_t event;
 	char buf[256];
 	const char *s;
 	ssize_t ret;
 
-	ret = fi_eq_read(eq, event, buf, sizeof(buf), 0);
+	ret = fi_eq_read(eq, &event, buf, sizeof(buf), 0);
 	if (ret == -FI_EAGAIN)
 		return 0;
 	if (ret == -FI_EAVAIL) {

@@ -125,8 +125,8 @@ int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nct
 		  struct ft_cq_err *out);
 
 /* Reads one EQ entry: 1 with msg set for an error entry, 2 for another
- * event (event id in *event), 0 when empty, negative on failure. */
-int ft_eq_poll(struct fid_eq *eq, uint32_t *event, char *msg, size_t len);
+ * event, 0 when empty, negative on failure. */
+int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len);
 
 /* fi_av_remove of one address. */
 int ft_av_remove(struct ft_ep *e, uint64_t addr);

@@ -48,6 +48,8 @@ type Queue struct {
 	rc     *C.ssize_t
 }
 
+var errPostAgain = &CallError{Call: "fi_readmsg/fi_writemsg", Errno: ErrAgain}
+
 // reapMax is how many completions one Reap reads at most.
 const reapMax = 64
 
@@ -95,6 +97,9 @@ func (q *Queue) Post(ep *Endpoint, n int) (int, error) {
 	}
 	posted := int(C.ft_post(ep.e.ep, &q.ops[0], C.int(n), q.ctx, q.rc))
 	if posted < n {
+		if *q.rc == -C.FI_EAGAIN {
+			return posted, errPostAgain // the common case: no allocation
+		}
 		return posted, checkSize("fi_readmsg/fi_writemsg", *q.rc)
 	}
 	return posted, nil
