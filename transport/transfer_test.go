@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -443,7 +442,7 @@ func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
 					[]unix.RemoteIovec{{Base: uintptr(peer.Addr(0)), Len: n}}, 0)
 				return err == nil && nr == n && bytes.Equal(got, mem)
 			}
-			peer.Signal(syscall.SIGSTOP)
+			peer.Stop()
 			done := make(chan error, 1)
 			go func() { done <- m.WriteFrom(ctx, remote, local) }()
 			select {
@@ -452,12 +451,58 @@ func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
 				require.True(t, visible(), "WriteFrom returned while the stopped owner's memory lacks the bytes")
 				t.Logf("%s: write completed with the owner stopped (single-copy path), bytes visible", prov)
 			case <-time.After(300 * time.Millisecond):
-				peer.Signal(syscall.SIGCONT)
+				peer.Continue()
 				require.NoError(t, <-done)
 				require.True(t, visible())
 				t.Logf("%s: write waited for the stopped owner", prov)
 			}
-			peer.Signal(syscall.SIGCONT)
+			peer.Continue()
 		})
 	}
+}
+
+func TestStoppedOwnerTimesOut(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(500*time.Millisecond))
+			peer := testpeer.Start(t, prov)
+			remote := peer.Register(1<<20, mr.ReadWrite, 1)
+			mem := alloc(t, 1<<20)
+			local := register(t, m, mem, 0)
+			require.NoError(t, m.WriteFrom(context.Background(), remote, local))
+			peer.Stop()
+			defer peer.Continue()
+			start := time.Now()
+			// No deadline in the context: the manager's default applies.
+			err := m.WriteFrom(context.Background(), remote, local)
+			took := time.Since(start)
+			if err == nil {
+				// shm's single-copy path does not need the owner to run.
+				require.Equal(t, "shm", prov)
+				return
+			}
+			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			var to *completion.TimeoutError
+			require.ErrorAs(t, err, &to)
+			assert.Equal(t, 1, to.Total)
+			assert.Less(t, took, 5*time.Second)
+			peer.Continue()
+			require.Eventually(t, func() bool { return m.WriteFrom(ctxTimeout(t, 5*time.Second), remote, local) == nil },
+				20*time.Second, 100*time.Millisecond, "a new transfer works after SIGCONT")
+		})
+	}
+}
+
+func TestTransferErrorLeadsWithTheCause(t *testing.T) {
+	cause := &completion.Error{Op: completion.Read, Provider: "efa", Errno: 5}
+	e := &transport.TransferError{Op: "read", Bytes: 100, Chunks: 3, Failed: 3, Errs: []error{
+		&completion.Error{Op: completion.Read, Provider: "efa", Errno: 125}, cause,
+		&completion.Error{Op: completion.Read, Provider: "efa", Errno: 125},
+	}}
+	assert.Contains(t, e.Error(), "Input/output error")
+	assert.Contains(t, e.Error(), "(and 2 more errors)")
+	var ce *completion.Error
+	require.ErrorAs(t, e, &ce)
+	assert.Len(t, e.Unwrap(), 3)
 }

@@ -285,6 +285,29 @@ func (p *Peer) Signal(sig syscall.Signal) {
 	_ = p.cmd.Process.Signal(sig)
 }
 
+// Stop stops the child (SIGSTOP) and waits until the kernel reports it
+// stopped.
+func (p *Peer) Stop() {
+	p.t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
+		if err == nil {
+			// pid (comm) state ...: the state follows the last ')'.
+			s := string(b)
+			if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't') {
+				return
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.t.Fatalf("test peer %d did not stop", p.Pid)
+}
+
+// Continue resumes a stopped child (SIGCONT).
+func (p *Peer) Continue() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Kill kills the child (SIGKILL) and waits for it to be gone.
 func (p *Peer) Kill() {
 	_ = p.cmd.Process.Kill()

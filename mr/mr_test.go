@@ -1,0 +1,89 @@
+package mr
+
+import (
+	"errors"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func TestAllocFree(t *testing.T) {
+	b, err := Alloc(10000)
+	require.NoError(t, err)
+	assert.Len(t, b, 10000)
+	assert.Zero(t, uintptr(unsafe.Pointer(&b[0]))%uintptr(unix.Getpagesize()), "page aligned")
+	assert.NoError(t, CheckOffHeap(b))
+	assert.NoError(t, CheckOffHeap(b[100:200]), "a slice of Alloc'd memory is off-heap too")
+	assert.Error(t, Free(b[100:]), "only what Alloc returned can be freed")
+	require.NoError(t, Free(b))
+	assert.ErrorIs(t, CheckOffHeap(b), ErrNotOffHeap, "freed memory is unknown")
+	assert.Error(t, Free(b), "double free is refused")
+	_, err = Alloc(0)
+	assert.Error(t, err)
+}
+
+func TestGoHeapIsRefused(t *testing.T) {
+	heap := make([]byte, 4096)
+	err := CheckOffHeap(heap)
+	assert.True(t, errors.Is(err, ErrNotOffHeap))
+	assert.Contains(t, err.Error(), "mr.Alloc")
+	assert.Error(t, CheckOffHeap(nil))
+
+	// Memory straddling the end of an allocation is refused too.
+	b, err := Alloc(4096)
+	require.NoError(t, err)
+	defer Free(b)
+	over := unsafe.Slice(&b[0], 8192)
+	assert.ErrorIs(t, CheckOffHeap(over), ErrNotOffHeap)
+}
+
+func TestAdopt(t *testing.T) {
+	m, err := unix.Mmap(-1, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(m)
+	assert.ErrorIs(t, CheckOffHeap(m), ErrNotOffHeap)
+	require.NoError(t, Adopt(m))
+	assert.NoError(t, CheckOffHeap(m[10:20]))
+	assert.Error(t, Adopt(m[100:200]), "overlapping adoption is refused")
+	assert.Error(t, Free(m), "adopted memory is not Free'd by mr")
+	Forget(m)
+	assert.ErrorIs(t, CheckOffHeap(m), ErrNotOffHeap)
+}
+
+func TestRandomKeys(t *testing.T) {
+	seen := map[uint64]bool{}
+	var prev uint64
+	sequential := 0
+	for i := 0; i < 10000; i++ {
+		k := RandomKey(8)
+		require.False(t, seen[k], "repeated key")
+		seen[k] = true
+		if k == prev+1 {
+			sequential++
+		}
+		prev = k
+		assert.NotZero(t, k)
+	}
+	assert.Zero(t, sequential)
+	for i := 0; i < 1000; i++ {
+		k := RandomKey(2)
+		assert.Less(t, k, uint64(1<<16))
+		assert.NotZero(t, k)
+	}
+}
+
+func TestRemoteAddr(t *testing.T) {
+	assert.Equal(t, uint64(0x1000+5), RemoteAddr(true, 0x1000, 5))
+	assert.Equal(t, uint64(5), RemoteAddr(false, 0x1000, 5))
+}
+
+func TestAccess(t *testing.T) {
+	assert.Equal(t, "remote-read|remote-write", ReadWrite.String())
+	assert.Equal(t, "local-only", Access(0).String())
+	assert.True(t, ReadWrite.Allows(RemoteRead))
+	assert.False(t, RemoteRead.Allows(RemoteWrite))
+	assert.Equal(t, uint64(1<<8|1<<9|1<<12), RemoteRead.Bits())
+}
