@@ -101,3 +101,16 @@ func (e *TimeoutError) Unwrap() error { return e.Cause }
 // ErrClosed is returned for jobs submitted to, or pending in, a loop that
 // is closing.
 var ErrClosed = errors.New("progress loop closed")
+
+// PeerGoneError is a transfer stopped because its peer is known to be
+// gone (its process exited), before the deadline.
+type PeerGoneError struct {
+	Op       Op
+	Provider string
+	Peer     string
+	Cause    string // how it is known, e.g. "process 1234 no longer exists"
+}
+
+func (e *PeerGoneError) Error() string {
+	return fmt.Sprintf("%s with %s over %s stopped: the peer is gone (%s)", e.Op, e.Peer, e.Provider, e.Cause)
+}

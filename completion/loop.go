@@ -43,6 +43,10 @@ type Job struct {
 	Deadline time.Time
 	// Tag is the submitter's; the loop does not touch it.
 	Tag any
+	// Check, when set, is called while the job runs, at most every
+	// CheckEvery: a non-nil error (the peer is gone, say) finishes the job
+	// with it at once instead of at its deadline.
+	Check func(*Job) error
 	// OnIdle runs on the loop goroutine once the job is finished and no
 	// chunk of it is in flight any more — possibly after Wait returned,
 	// when a timed-out chunk completes late. Local memory of the job must
@@ -60,8 +64,9 @@ type Job struct {
 	done chan struct{}
 	gen  atomic.Uint64
 
-	// owned by the loop goroutine
+	// under the loop's drive lock
 	running        int // index in Loop.running, -1 when not there
+	checked        time.Time
 	next, inflight int
 	finished       bool
 	stopPosting    bool
@@ -76,7 +81,7 @@ func NewJob() *Job { return &Job{done: make(chan struct{}, 1)} }
 func (j *Job) Reset() {
 	j.gen.Add(1)
 	j.Op, j.Peer, j.PeerName, j.Flags = 0, 0, "", 0
-	j.Start, j.Deadline = time.Time{}, time.Time{}
+	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, time.Time{}
 	j.Chunks = j.Chunks[:0]
 	j.Errs = j.Errs[:0]
 	j.Completed, j.Attempted = 0, 0
@@ -355,6 +360,7 @@ func (l *Loop) intake() bool {
 			continue
 		}
 		j.running = len(l.running)
+		j.checked = time.Now()
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
 	}
@@ -568,13 +574,26 @@ func (l *Loop) expire(j *Job, cause error) {
 	l.settle(j)
 }
 
-// checkDeadlines expires the running jobs whose deadline passed.
+// CheckEvery is how often a running job's Check is called.
+const CheckEvery = 100 * time.Millisecond
+
+// checkDeadlines expires the running jobs whose deadline passed, and runs
+// the Check of those due.
 func (l *Loop) checkDeadlines(now time.Time) {
 	for i := 0; i < len(l.running); {
 		j := l.running[i]
 		if !j.Deadline.IsZero() && now.After(j.Deadline) {
 			l.expire(j, context.DeadlineExceeded) // removes j from running
 			continue
+		}
+		if j.Check != nil && now.Sub(j.checked) >= CheckEvery {
+			j.checked = now
+			if err := j.Check(j); err != nil {
+				j.stopPosting = true
+				l.finish(j, err) // removes j from running
+				l.settle(j)
+				continue
+			}
 		}
 		i++
 	}

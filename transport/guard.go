@@ -223,6 +223,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 	defer x.release()
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
+	x.pid, j.Check = shmPeerPID(name), peerAlive
 	for _, c := range checks {
 		ep := ops[c.op].ep
 		if string(ep.name) != string(name) {

@@ -264,6 +264,9 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	if o.op == completion.Write {
 		j.Flags = m.writeFlags(b, &p, o.ep)
 	}
+	if b.provider == "shm" {
+		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
+	}
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()
 	remote := o.ep.base + o.remote.off

@@ -1,9 +1,12 @@
 package transport
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/completion"
 )
@@ -23,6 +26,7 @@ type xfer struct {
 	local   *bufState
 	target  *bufState // memcpy only
 	scratch []uint32
+	pid     int // shm: the peer's process, for peerAlive
 }
 
 var xferPool = sync.Pool{New: func() any {
@@ -62,7 +66,18 @@ func (x *xfer) release() {
 	for _, s := range x.scratch {
 		x.b.scratch.put(s)
 	}
-	x.m, x.b, x.local, x.target, x.scratch = nil, nil, nil, nil, x.scratch[:0]
+	x.m, x.b, x.local, x.target, x.scratch, x.pid = nil, nil, nil, nil, x.scratch[:0], 0
 	x.job.Reset()
 	xferPool.Put(x)
+}
+
+// peerAlive is the Check of shm jobs: an shm peer whose process exited
+// never answers, so the job ends as soon as that is known.
+func peerAlive(j *completion.Job) error {
+	x := j.Tag.(*xfer)
+	if x.pid <= 0 || unix.Kill(x.pid, 0) != unix.ESRCH {
+		return nil
+	}
+	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName,
+		Cause: "process " + strconv.Itoa(x.pid) + " no longer exists"}
 }
