@@ -214,7 +214,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) {
 			return
 		default:
 		}
-		if i&15 == 0 {
+		if i&1023 == 0 {
 			if ctx.Err() != nil || time.Since(last) > l.policy.Spin {
 				break
 			}
@@ -308,7 +308,9 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			runtime.Gosched()
+			if l.iter&255 == 0 {
+				runtime.Gosched() // rarely: it is slow on some VMs, and preemption is asynchronous anyway
+			}
 			continue
 		}
 		if l.idle(sleep) {

@@ -19,6 +19,7 @@ import (
 type Action struct {
 	m   *Manager
 	ops []opSpec
+	run []opSpec // what Submit executes (execute changes its ops)
 	err error
 }
 
@@ -57,6 +58,12 @@ func (a *Action) fail(err error) {
 	}
 }
 
+// Reset empties the action for reuse, keeping its memory.
+func (a *Action) Reset() {
+	clear(a.ops)
+	a.ops, a.err = a.ops[:0], nil
+}
+
 // Len is the number of ops added.
 func (a *Action) Len() int { return len(a.ops) }
 
@@ -73,9 +80,10 @@ func (a *Action) Submit(ctx context.Context) error {
 	if err := conflicts(a.ops); err != nil {
 		return err
 	}
-	ops := make([]opSpec, len(a.ops))
-	copy(ops, a.ops)
-	return a.m.execute(ctx, "action", ops)
+	a.run = append(a.run[:0], a.ops...)
+	err := a.m.execute(ctx, "action", a.run)
+	clear(a.run)
+	return err
 }
 
 // conflicts finds two ops whose local ranges overlap where one of them

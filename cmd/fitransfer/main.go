@@ -4,6 +4,9 @@
 //
 //	fitransfer info [fi_info flags] [--json]   what the providers offer
 //	fitransfer doctor [--json]                 can a transfer work here, and why not
+//	fitransfer serve [--listen HOST:PORT]      answer clients with a registered buffer
+//	fitransfer read|write|pingpong HOST[:PORT] measure against a server, as fabtests do
+//	fitransfer bench                           local server and client, every provider
 //
 // Run `fitransfer help` for every command.
 package main
@@ -35,6 +38,10 @@ func commands() []command {
 	return []command{
 		{"info", "list what libfabric's providers offer, as fi_info does (--json for all of it)", runInfo},
 		{"doctor", "check that transfers can work on this machine, with a fix for each problem", runDoctor},
+		{"serve", "register a buffer and answer clients (read, write, pingpong) until interrupted", runServe},
+		{"read", "measure RMA reads from a server: fabtests' columns, -S -I -w -W -v", runRead},
+		{"write", "measure RMA writes to a server (delivery complete unless --transmit-complete)", runWrite},
+		{"pingpong", "measure RMA write ping-pong latency with a server (as ib_write_lat)", runPingPong},
 	}
 }
 
@@ -87,28 +94,44 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "`fitransfer COMMAND -h` lists a command's flags.")
 }
 
-// parseFlags parses a command's flags. On -h it prints the full usage to
-// stdout; on a bad flag it prints one line naming it. ok is false when the
-// command must return code.
+// parseFlags parses a command's flags and refuses positional arguments.
+// On -h it prints the full usage to stdout; on a bad flag it prints one
+// line naming it. ok is false when the command must return code.
 func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, ok bool) {
+	pos, code, ok := parseArgs(fs, args, stdout, stderr)
+	if ok && len(pos) > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see `%s -h`)\n", fs.Name(), pos[0], fs.Name())
+		return exitUsage, false
+	}
+	return code, ok
+}
+
+// parseArgs parses flags that may stand before and after the positional
+// arguments ("read HOST -S 1m" as well as "read -S 1m HOST") and returns
+// the positionals.
+func parseArgs(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (pos []string, code int, ok bool) {
 	var msg bytes.Buffer
 	fs.SetOutput(&msg)
 	usage := fs.Usage
 	fs.Usage = func() {}
-	err := fs.Parse(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fs.SetOutput(stdout)
-		usage()
-		return exitOK, false
-	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v (see `%s -h`)\n", fs.Name(), err, fs.Name())
-		return exitUsage, false
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (see `%s -h`)\n", fs.Name(), fs.Arg(0), fs.Name())
-		return exitUsage, false
+	defer func() { fs.Usage = usage }()
+	for {
+		err := fs.Parse(args)
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			fs.SetOutput(stdout)
+			usage()
+			return nil, exitOK, false
+		case err != nil:
+			fmt.Fprintf(stderr, "%s: %v (see `%s -h`)\n", fs.Name(), err, fs.Name())
+			return nil, exitUsage, false
+		}
+		if fs.NArg() == 0 {
+			return pos, 0, true
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	return 0, true
 }
 
 // defaultUsage prints "usage: NAME ARGS" and the flag defaults to the flag

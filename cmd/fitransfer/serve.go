@@ -1,0 +1,70 @@
+package main
+
+import (
+	"encoding/base64"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/perftest"
+)
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fitransfer serve", flag.ContinueOnError)
+	var mf managerFlags
+	// A server that spins takes a core from clients on the same host, and
+	// needs not: shm's single-copy ops do not involve it, and tcp wakes
+	// its fi_cq_sread on traffic.
+	mf.register(fs, "adaptive")
+	listen := fs.String("listen", net.JoinHostPort("", strconv.Itoa(bootstrap.DefaultPort)), "bootstrap TCP address (host:port; port 0 picks one)")
+	sizeStr := fs.String("size", "64m", "bytes of each session's buffer (largest transfer; pingpong needs twice its size)")
+	once := fs.Bool("once", false, "serve one client, then exit")
+	idle := fs.Duration("idle-timeout", 10*time.Minute, "end a session after this long without a message from its client")
+	asJSON := fs.Bool("json", false, "print the listening address and handle as JSON")
+	fs.Usage = defaultUsage(fs, "[flags]")
+	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	size, err := perftest.ParseSize(*sizeStr)
+	if err != nil {
+		return fail(stderr, "serve", usageError{fmt.Errorf("--size: %w", err)})
+	}
+	ctx, stop := interruptible()
+	defer stop()
+	m, err := mf.open(ctx)
+	if err != nil {
+		return fail(stderr, "serve", err)
+	}
+	defer m.Close()
+	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "fitransfer serve: "+format+"\n", a...) }
+	srv, err := perftest.Listen(m, *listen, size, *idle, logf)
+	if err != nil {
+		return fail(stderr, "serve", err)
+	}
+	defer srv.Close()
+	h, err := srv.Handle().MarshalBinary()
+	if err != nil {
+		return fail(stderr, "serve", err)
+	}
+	var backends []string
+	for _, b := range m.Backends() {
+		backends = append(backends, b.Provider)
+	}
+	if *asJSON {
+		_ = writeJSON(stdout, map[string]any{"listen": srv.Addr().String(), "handle": h, "size": size, "backends": backends})
+	} else {
+		fmt.Fprintf(stdout, "listening on %s (%d-byte buffers over %v)\n", srv.Addr(), size, backends)
+		fmt.Fprintf(stdout, "handle: %s\n", base64.StdEncoding.EncodeToString(h))
+	}
+	if f, ok := stdout.(interface{ Sync() error }); ok {
+		_ = f.Sync()
+	}
+	if err := srv.Serve(ctx, *once); err != nil && ctx.Err() == nil {
+		return fail(stderr, "serve", err)
+	}
+	return exitOK
+}

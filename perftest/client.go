@@ -1,0 +1,251 @@
+package perftest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// MaxLocal bounds the client's local buffer (window × size): larger
+// windows are cut for large sizes.
+const MaxLocal = 1 << 30
+
+// Config is one client run.
+type Config struct {
+	Server  string // host:port of `fitransfer serve`
+	Manager *transport.Manager
+	Mode    string   // bootstrap.ModeRead, ModeWrite or ModePingPong
+	Sizes   []uint64 // transfer sizes
+	Iters   int      // 0: fabtests' default per size
+	Warmup  int      // warm-up ops per size
+	Window  int      // ops in flight (bandwidth modes)
+	Verify  bool     // check every byte
+	Timeout time.Duration
+	// Progress, when set, is called after each window with the ops done
+	// and to do for the current size.
+	Progress func(size uint64, done, total int)
+}
+
+// Session is a connected client.
+type Session struct {
+	cfg      Config
+	conn     *bootstrap.Conn
+	remote   transport.RemoteBuffer
+	Route    transport.Route
+	Provider string
+}
+
+// Connect opens a session with the server: hello (with this manager's
+// address, which the server inserts), welcome (the session buffer's
+// handle and the server's address, inserted here), and checks that a
+// route exists.
+func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
+	conn, err := bootstrap.Dial(cfg.Server, cfg.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w%s", cfg.Server, err, dialHint(err))
+	}
+	addr := cfg.Manager.Address()
+	extra.Type, extra.Mode, extra.Address = bootstrap.TypeHello, cfg.Mode, &addr
+	if err := conn.Send(extra); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("send hello to %s: %w", cfg.Server, err)
+	}
+	w, err := conn.Expect(bootstrap.TypeWelcome, cfg.Timeout)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("server %s: %w", cfg.Server, err)
+	}
+	s := &Session{cfg: cfg, conn: conn}
+	if err := s.remote.UnmarshalBinary(w.Handle); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("server %s sent a bad handle: %w", cfg.Server, err)
+	}
+	if w.Address != nil {
+		if _, err := cfg.Manager.AddPeer(*w.Address); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	s.Route, err = cfg.Manager.Route(s.remote)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w; start both sides with a common -p provider", err)
+	}
+	s.Provider = s.Route.Backend
+	return s, nil
+}
+
+func dialHint(err error) string {
+	switch {
+	case errors.Is(err, errConnRefused()):
+		return " (is `fitransfer serve` running there, on that port?)"
+	case isTimeout(err):
+		return " (host unreachable or a firewall drops the port)"
+	}
+	return ""
+}
+
+// Remote is the session buffer's handle.
+func (s *Session) Remote() transport.RemoteBuffer { return s.remote }
+
+// Close says bye and closes the connection.
+func (s *Session) Close() {
+	_ = s.conn.Send(bootstrap.Message{Type: bootstrap.TypeBye})
+	_ = s.conn.Close()
+}
+
+func (s *Session) request(m bootstrap.Message, reply string) (bootstrap.Message, error) {
+	if err := s.conn.Send(m); err != nil {
+		return m, err
+	}
+	return s.conn.Expect(reply, s.cfg.Timeout)
+}
+
+// checkSizes refuses sizes larger than the server's buffer.
+func (s *Session) checkSizes(factor uint64) error {
+	for _, size := range s.cfg.Sizes {
+		if size*factor > s.remote.Len() {
+			return fmt.Errorf("size %d is larger than the server's %d-byte buffer: start the server with --size %d or more",
+				size, s.remote.Len()/factor, size*factor)
+		}
+	}
+	return nil
+}
+
+// RunBandwidth measures reads or writes of each size: Warmup ops, then
+// Iters ops in windows of Window (one Action each), as fi_rma_bw does.
+// When ctx ends it returns the rows so far (the current one marked
+// incomplete) and ctx's error.
+func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
+	cfg := s.cfg
+	if err := s.checkSizes(1); err != nil {
+		return nil, err
+	}
+	maxSize := uint64(0)
+	for _, size := range cfg.Sizes {
+		maxSize = max(maxSize, size)
+	}
+	window := max(cfg.Window, 1)
+	localLen := min(uint64(window)*maxSize, max(MaxLocal, maxSize))
+	mem, err := mr.Alloc(int(localLen))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = mr.Free(mem) }()
+	local, err := cfg.Manager.Register(mem, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer local.Close()
+
+	var rows []Row
+	for si, size := range cfg.Sizes {
+		seed := uint64(si + 1)
+		win := int(min(uint64(window), localLen/size))
+		if cfg.Verify {
+			if cfg.Mode == bootstrap.ModeRead {
+				if _, err := s.request(bootstrap.Message{Type: bootstrap.TypeFill, Seed: seed}, bootstrap.TypeFilled); err != nil {
+					return rows, err
+				}
+			} else {
+				for k := 0; k < win; k++ {
+					Fill(mem[uint64(k)*size:uint64(k+1)*size], seed)
+				}
+			}
+		}
+		iters := cfg.Iters
+		if iters <= 0 {
+			iters = DefaultIters(size)
+		}
+		row, err := s.measure(ctx, local, mem, size, win, iters, seed)
+		rows = append(rows, row)
+		if err != nil {
+			return rows, err
+		}
+	}
+	return rows, nil
+}
+
+// measure runs one size: warm-up, then the timed windows.
+func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []byte, size uint64, win, iters int, seed uint64) (Row, error) {
+	cfg := s.cfg
+	remote, _ := s.remote.Slice(0, size)
+	slots := make([]*transport.Buffer, win)
+	for k := range slots {
+		slots[k], _ = local.Slice(uint64(k)*size, size)
+	}
+	a := cfg.Manager.NewAction()
+	window := func(n int) error {
+		a.Reset()
+		for k := 0; k < n; k++ {
+			if cfg.Mode == bootstrap.ModeRead {
+				a.ReadInto(slots[k], remote)
+			} else {
+				a.WriteFrom(remote, slots[k])
+			}
+		}
+		return a.Submit(ctx)
+	}
+	for done := 0; done < cfg.Warmup; {
+		n := min(win, cfg.Warmup-done)
+		if err := window(n); err != nil {
+			return Row{Op: cfg.Mode, Provider: s.Provider, Bytes: size}, err
+		}
+		done += n
+	}
+	lat := make([]time.Duration, 0, iters)
+	var elapsed time.Duration
+	done := 0
+	finish := func(err error) (Row, error) {
+		r := newRow(cfg.Mode, s.Provider, size, done, win, elapsed, lat)
+		r.Complete = err == nil
+		if err == nil && cfg.Verify {
+			r.Verified, err = s.verify(size, seed)
+		}
+		return r, err
+	}
+	for done < iters {
+		n := min(win, iters-done)
+		t0 := time.Now()
+		if err := window(n); err != nil {
+			return finish(err)
+		}
+		d := time.Since(t0)
+		elapsed += d
+		for k := 0; k < n; k++ {
+			lat = append(lat, d/time.Duration(n))
+		}
+		done += n
+		if cfg.Verify && cfg.Mode == bootstrap.ModeRead {
+			for k := 0; k < n; k++ {
+				if bad := Mismatch(slots[k].Bytes(), seed); bad >= 0 {
+					return finish(fmt.Errorf("verify: read of %d bytes differs from the server's data at offset %d", size, bad))
+				}
+			}
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(size, done, iters)
+		}
+	}
+	return finish(nil)
+}
+
+// verify asks the server whether a write left the pattern of seed.
+func (s *Session) verify(size, seed uint64) (bool, error) {
+	if s.cfg.Mode == bootstrap.ModeRead {
+		return true, nil // every window was checked locally
+	}
+	m, err := s.request(bootstrap.Message{Type: bootstrap.TypeVerify, Size: size, Seed: seed}, bootstrap.TypeVerified)
+	if err != nil {
+		return false, err
+	}
+	if !m.OK {
+		return false, fmt.Errorf("verify: the server's buffer differs from what was written at offset %d (of %d bytes)", m.Mismatch, size)
+	}
+	return true, nil
+}

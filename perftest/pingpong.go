@@ -1,0 +1,132 @@
+package perftest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// PingPongBuffer is the client side of an RMA write ping-pong: a buffer
+// whose first half receives the server's writes and whose second half is
+// written to the server. Register it before Connect and pass Hello() as
+// Connect's extra message.
+type PingPongBuffer struct {
+	mem  []byte
+	buf  *transport.Buffer
+	half uint64
+}
+
+// NewPingPongBuffer registers 2 × the largest size of cfg.
+func NewPingPongBuffer(cfg Config) (*PingPongBuffer, error) {
+	half := uint64(0)
+	for _, s := range cfg.Sizes {
+		half = max(half, s)
+	}
+	mem, err := mr.Alloc(int(2 * half))
+	if err != nil {
+		return nil, err
+	}
+	buf, err := cfg.Manager.Register(mem, mr.RemoteWrite)
+	if err != nil {
+		_ = mr.Free(mem)
+		return nil, err
+	}
+	return &PingPongBuffer{mem: mem, buf: buf, half: half}, nil
+}
+
+// Hello is the hello message carrying the receive half's handle.
+func (p *PingPongBuffer) Hello() bootstrap.Message {
+	recv, _ := p.buf.Slice(0, p.half)
+	h, _ := recv.Remote().MarshalBinary()
+	return bootstrap.Message{Handle: h}
+}
+
+// Close deregisters and frees the buffer.
+func (p *PingPongBuffer) Close() {
+	_ = p.buf.Close()
+	_ = mr.Free(p.mem)
+}
+
+// RunPingPong measures RMA write ping-pong latency, as ib_write_lat does:
+// the client writes size bytes into the server's buffer, the server sees
+// the last byte change and writes back, the client sees its own last byte
+// change. usec/xfer is half a round trip (fabtests counts two transfers
+// per iteration); p50/p99 are of the half round trips.
+func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, error) {
+	cfg := s.cfg
+	if err := s.checkSizes(2); err != nil {
+		return nil, err
+	}
+	var rows []Row
+	for _, size := range cfg.Sizes {
+		iters := cfg.Iters
+		if iters <= 0 {
+			iters = DefaultPingPongIters(size)
+		}
+		total := cfg.Warmup + iters
+		var seed uint64
+		if cfg.Verify {
+			seed = size
+		}
+		if err := s.conn.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: total, Seed: seed}); err != nil {
+			return rows, err
+		}
+		recv := p.mem[:size]
+		clear(recv)
+		send, _ := p.buf.Slice(p.half, size)
+		if cfg.Verify {
+			Fill(send.Bytes(), seed)
+		}
+		dst, _ := s.remote.Slice(0, size)
+		lat := make([]time.Duration, 0, iters)
+		var elapsed time.Duration
+		done := 0
+		var runErr error
+		for i := 1; i <= total; i++ {
+			mark := Marker(i)
+			send.Bytes()[size-1] = mark
+			t0 := time.Now()
+			if err := cfg.Manager.WriteFrom(ctx, dst, send); err != nil {
+				runErr = err
+				break
+			}
+			if err := WaitByte(ctx, recv, mark, cfg.Timeout); err != nil {
+				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
+				break
+			}
+			if i > cfg.Warmup {
+				d := time.Since(t0)
+				elapsed += d
+				lat = append(lat, d/2)
+				done++
+				if cfg.Progress != nil && done%64 == 0 {
+					cfg.Progress(size, done, iters)
+				}
+			}
+		}
+		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
+		row.Complete = runErr == nil
+		if runErr == nil {
+			if _, err := s.conn.Expect(bootstrap.TypeDone, cfg.Timeout); err != nil {
+				runErr = err
+			}
+		}
+		if runErr == nil && cfg.Verify {
+			// The server echoes what it received: all but the marker.
+			if bad := Mismatch(recv[:size-1], seed); bad >= 0 {
+				runErr = fmt.Errorf("verify: pingpong of %d bytes came back different at offset %d", size, bad)
+			} else {
+				row.Verified = true
+			}
+		}
+		rows = append(rows, row)
+		if runErr != nil {
+			return rows, runErr
+		}
+	}
+	return rows, nil
+}

@@ -1,0 +1,219 @@
+package perftest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// HelloTimeout bounds the wait for a client's first message.
+const HelloTimeout = 10 * time.Second
+
+// Server answers fitransfer clients: each session gets its own buffer of
+// the server's size; the server fills it, verifies it and answers
+// pingpongs on request. RMA itself needs nothing from the server but its
+// progress loops, which the manager runs.
+type Server struct {
+	m       *transport.Manager
+	ln      net.Listener
+	size    uint64
+	shared  *transport.Buffer
+	mem     []byte
+	logf    func(format string, args ...any)
+	idle    time.Duration
+	wg      sync.WaitGroup
+	clients atomic.Int64
+}
+
+// Listen registers the server's shared buffer (size bytes, the pattern of
+// seed 0) and listens on addr.
+func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, logf func(string, ...any)) (*Server, error) {
+	mem, err := mr.Alloc(int(size))
+	if err != nil {
+		return nil, err
+	}
+	Fill(mem, 0)
+	shared, err := m.Register(mem, mr.ReadWrite)
+	if err != nil {
+		_ = mr.Free(mem)
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = shared.Close()
+		_ = mr.Free(mem)
+		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
+	}
+	return &Server{m: m, ln: ln, size: size, shared: shared, mem: mem, logf: logf, idle: idle}, nil
+}
+
+// Addr is the listening address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Handle is the shared buffer's handle (what `fitransfer serve` prints).
+func (s *Server) Handle() transport.RemoteBuffer { return s.shared.Remote() }
+
+// Serve accepts clients until ctx ends, or after the first session with
+// once. A client that misbehaves gets an error message and a log line;
+// the server goes on with the others.
+func (s *Server) Serve(ctx context.Context, once bool) error {
+	go func() {
+		<-ctx.Done()
+		_ = s.ln.Close()
+	}()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			s.wg.Wait()
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return ctx.Err()
+			}
+			return err
+		}
+		s.wg.Add(1)
+		s.clients.Add(1)
+		go func() {
+			defer s.wg.Done()
+			conn := bootstrap.NewConn(c, HelloTimeout)
+			defer conn.Close()
+			if err := s.session(ctx, conn); err != nil {
+				s.logf("client %s: %v", c.RemoteAddr(), err)
+			}
+		}()
+		if once {
+			s.wg.Wait()
+			_ = s.ln.Close()
+			return nil
+		}
+	}
+}
+
+// Clients counts the sessions started.
+func (s *Server) Clients() int64 { return s.clients.Load() }
+
+// Close frees the shared buffer (after Serve returned).
+func (s *Server) Close() {
+	_ = s.shared.Close()
+	_ = mr.Free(s.mem)
+}
+
+// session serves one client.
+func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
+	fail := func(err error) error {
+		_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: err.Error()})
+		return err
+	}
+	hello, err := conn.Expect(bootstrap.TypeHello, HelloTimeout)
+	if err != nil {
+		var ve *bootstrap.VersionError
+		if errors.As(err, &ve) {
+			return fail(err)
+		}
+		return fmt.Errorf("no hello: %w", err)
+	}
+	switch hello.Mode {
+	case bootstrap.ModeRead, bootstrap.ModeWrite, bootstrap.ModePingPong:
+	default:
+		return fail(fmt.Errorf("unknown mode %q (read, write, pingpong)", hello.Mode))
+	}
+	if hello.Address != nil {
+		if _, err := s.m.AddPeer(*hello.Address); err != nil {
+			return fail(err)
+		}
+	}
+	mem, err := mr.Alloc(int(s.size))
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = mr.Free(mem) }()
+	buf, err := s.m.Register(mem, mr.ReadWrite)
+	if err != nil {
+		return fail(err)
+	}
+	defer buf.Close()
+	h, err := buf.Remote().MarshalBinary()
+	if err != nil {
+		return fail(err)
+	}
+	addr := s.m.Address()
+	if err := conn.Send(bootstrap.Message{Type: bootstrap.TypeWelcome, Handle: h, Size: s.size, Address: &addr}); err != nil {
+		return err
+	}
+	for {
+		msg, err := conn.Recv(s.idle)
+		if err != nil {
+			var re *bootstrap.RemoteError
+			if errors.As(err, &re) {
+				return err
+			}
+			return fmt.Errorf("session ended: %w", err)
+		}
+		switch msg.Type {
+		case bootstrap.TypeBye:
+			return nil
+		case bootstrap.TypeFill:
+			Fill(mem, msg.Seed)
+			err = conn.Send(bootstrap.Message{Type: bootstrap.TypeFilled})
+		case bootstrap.TypeVerify:
+			if msg.Offset > s.size || msg.Size > s.size-msg.Offset {
+				return fail(fmt.Errorf("verify range [%d, +%d) outside the %d-byte buffer", msg.Offset, msg.Size, s.size))
+			}
+			bad := Mismatch(mem[msg.Offset:msg.Offset+msg.Size], msg.Seed)
+			err = conn.Send(bootstrap.Message{Type: bootstrap.TypeVerified, OK: bad < 0, Mismatch: bad})
+		case bootstrap.TypePingPong:
+			if err := s.answerPingPong(ctx, buf, hello, msg); err != nil {
+				return fail(err)
+			}
+			err = conn.Send(bootstrap.Message{Type: bootstrap.TypeDone})
+		default:
+			return fail(fmt.Errorf("unexpected %q message", msg.Type))
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// answerPingPong is the server side of an RMA write ping-pong: the client
+// writes Size bytes into the first half of the session buffer, the server
+// sees the last byte change, and writes the second half into the client's
+// buffer (named in the hello), Iters times. With a Seed (verification)
+// it echoes the bytes it received.
+func (s *Server) answerPingPong(ctx context.Context, buf *transport.Buffer, hello, msg bootstrap.Message) error {
+	size := msg.Size
+	if size == 0 || 2*size > s.size {
+		return fmt.Errorf("pingpong of %d bytes needs a server buffer of at least %d bytes (serve --size)", size, 2*size)
+	}
+	var peer transport.RemoteBuffer
+	if err := peer.UnmarshalBinary(hello.Handle); err != nil {
+		return err
+	}
+	if peer.Len() < size {
+		return fmt.Errorf("client buffer of %d bytes is smaller than the %d-byte pingpong", peer.Len(), size)
+	}
+	dst, _ := peer.Slice(0, size)
+	recv, _ := buf.Slice(0, size)
+	send, _ := buf.Slice(size, size)
+	for i := 1; i <= msg.Iters; i++ {
+		mark := Marker(i)
+		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second); err != nil {
+			return fmt.Errorf("pingpong %d: %w", i, err)
+		}
+		if msg.Seed != 0 { // verifying: echo what arrived
+			copy(send.Bytes(), recv.Bytes())
+		}
+		send.Bytes()[size-1] = mark
+		if err := s.m.WriteFrom(ctx, dst, send); err != nil {
+			return fmt.Errorf("pingpong %d: %w", i, err)
+		}
+	}
+	return nil
+}

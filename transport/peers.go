@@ -1,0 +1,59 @@
+package transport
+
+import (
+	"fmt"
+
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// Address is a manager's endpoint names, one per backend. Hand it to a
+// peer's AddPeer when that peer is the target of this manager's transfers
+// over a provider that requires the target to know the initiator (efa,
+// efa-direct: without it the op fails with an unknown-peer error). shm and
+// tcp;ofi_rxm do not need it.
+type Address struct {
+	Endpoints []AddressEndpoint `json:"endpoints"`
+}
+
+// AddressEndpoint is one backend's endpoint name.
+type AddressEndpoint struct {
+	Provider string `json:"provider"`
+	Name     []byte `json:"name"`
+}
+
+// Address returns this manager's endpoint names.
+func (m *Manager) Address() Address {
+	var a Address
+	for _, b := range m.backends {
+		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: b.provider, Name: append([]byte(nil), b.name...)})
+	}
+	return a
+}
+
+// AddPeer inserts a peer's endpoint names into the address vectors of the
+// backends they share with this manager, so that the peer can be the
+// initiator of transfers with this manager's buffers on every provider.
+// Names of providers this manager does not have are ignored. It returns
+// the providers it inserted into.
+func (m *Manager) AddPeer(a Address) ([]string, error) {
+	if err := m.acquire(); err != nil {
+		return nil, err
+	}
+	defer m.releaseManager()
+	var done []string
+	for _, ep := range a.Endpoints {
+		if len(ep.Name) == 0 || len(ep.Name) > maxEPNameLen {
+			return done, fmt.Errorf("%w: peer address for %s of %d bytes", ErrBadHandle, ep.Provider, len(ep.Name))
+		}
+		for _, b := range m.backends {
+			if b.provider != ep.Provider {
+				continue
+			}
+			if _, err := b.peer(ep.Name); err != nil {
+				return done, fmt.Errorf("add peer %s on %s: %w", ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.Name}, b.provider, err)
+			}
+			done = append(done, b.provider)
+		}
+	}
+	return done, nil
+}
