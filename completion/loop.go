@@ -129,6 +129,7 @@ type Loop struct {
 
 	drive    sync.Mutex   // held for every endpoint call and the state below
 	drivers  atomic.Int32 // goroutines driving progress in Wait
+	polled   atomic.Int64 // when Poll was last called (UnixNano)
 	sleeping atomic.Bool  // the background goroutine blocks in fi_cq_sread
 	wake     chan struct{}
 	exited   chan struct{}
@@ -237,6 +238,23 @@ func (l *Loop) Wait(ctx context.Context, j *Job) {
 	<-j.done
 }
 
+// Poll progresses the endpoint once, unless another goroutine is doing so
+// right now, and reports whether anything happened. For callers that spin
+// on memory themselves (a pingpong watching for a peer's write) and so
+// are the natural driver of progress.
+func (l *Loop) Poll() bool {
+	l.polled.Store(time.Now().UnixNano())
+	if !l.drive.TryLock() {
+		if l.sleeping.Load() {
+			l.raw.Signal()
+		}
+		return false
+	}
+	worked := l.iterate()
+	l.drive.Unlock()
+	return worked
+}
+
 // Do runs fn with the endpoint to itself: the way to register memory,
 // insert peers or close MRs. It fails with ErrClosed once the endpoint is
 // closed.
@@ -295,8 +313,8 @@ func (l *Loop) run() {
 			l.drive.Unlock()
 			return
 		}
-		if l.drivers.Load() > 0 {
-			l.pause(l.policy.MaxSleep) // a waiter drives
+		if l.drivers.Load() > 0 || time.Now().UnixNano()-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
+			l.pause(l.policy.MaxSleep) // a waiter or a poller drives
 			continue
 		}
 		l.drive.Lock()
@@ -633,7 +651,7 @@ func (l *Loop) idle(d time.Duration) bool {
 	l.mu.Lock()
 	pending := len(l.inbox) > 0 || l.closing
 	l.mu.Unlock()
-	if pending || l.drivers.Load() > 0 {
+	if pending || l.drivers.Load() > 0 || time.Now().UnixNano()-l.polled.Load() < int64(time.Millisecond) {
 		return false
 	}
 	if l.ep.Waitable() {

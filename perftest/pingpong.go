@@ -94,7 +94,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 				runErr = err
 				break
 			}
-			if err := WaitByte(ctx, recv, mark, cfg.Timeout); err != nil {
+			if err := WaitByte(ctx, recv, mark, cfg.Timeout, cfg.Manager.Poll); err != nil {
 				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
 				break
 			}

@@ -204,7 +204,7 @@ func (s *Server) answerPingPong(ctx context.Context, buf *transport.Buffer, hell
 	send, _ := buf.Slice(size, size)
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
-		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second); err != nil {
+		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, s.m.Poll); err != nil {
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 		if msg.Seed != 0 { // verifying: echo what arrived

@@ -28,10 +28,21 @@ func AllSizes() []uint64 {
 }
 
 // ParseSizes parses -S as fabtests does: a size ("4096", "64k", "1m",
-// "1g"), "all", or a range "r:start,inc,end". Empty means DefaultSizes.
+// "1g"), "all", or a range "r:start,inc,end"; and also a comma-separated
+// list of sizes. Empty means DefaultSizes.
 func ParseSizes(spec string) ([]uint64, error) {
 	spec = strings.TrimSpace(spec)
 	switch {
+	case strings.Contains(spec, ",") && !strings.HasPrefix(spec, "r:"):
+		var out []uint64
+		for _, p := range strings.Split(spec, ",") {
+			n, err := ParseSize(p)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, n)
+		}
+		return out, nil
 	case spec == "":
 		return DefaultSizes, nil
 	case spec == "all":

@@ -288,6 +288,16 @@ func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, 
 	return nil, nil, loc, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, loc, r.Providers(), local)
 }
 
+// Poll progresses every backend once (skipping those another goroutine is
+// progressing at the moment). Transfers progress by themselves; Poll is
+// for code that spins on its own memory waiting for a peer's write — a
+// pingpong, a flag — and wants that spinning to drive progress too.
+func (m *Manager) Poll() {
+	for _, b := range m.backends {
+		b.loop.Poll()
+	}
+}
+
 // Close closes the manager: transfers still in flight fail with ErrClosed,
 // every buffer is deregistered, every endpoint closed. Later calls fail
 // with ErrClosed. Closing twice is a no-op.

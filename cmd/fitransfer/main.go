@@ -42,6 +42,7 @@ func commands() []command {
 		{"read", "measure RMA reads from a server: fabtests' columns, -S -I -w -W -v", runRead},
 		{"write", "measure RMA writes to a server (delivery complete unless --transmit-complete)", runWrite},
 		{"pingpong", "measure RMA write ping-pong latency with a server (as ib_write_lat)", runPingPong},
+		{"bench", "local server and client over every usable provider, one table (--compare: next to the peer tools)", runBench},
 	}
 }
 
