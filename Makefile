@@ -37,11 +37,14 @@ test: deps vet
 	$(GO) test -race -count=1 ./...
 
 demo: build
-	./$(BIN) info
-	./$(BIN) doctor
+	BIN=$(BIN) scripts/demo.sh
 
+# fitransfer's own sweep next to the peer tools, in the same run:
+# fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong when
+# FABTESTS_BIN names a directory holding them. Then the Go benchmarks.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	./$(BIN) bench --compare
+	$(GO) test -run '^$$' -bench . -benchmem ./transport/
 
 clean:
 	rm -rf bin

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -29,6 +30,8 @@ type Config struct {
 	// Progress, when set, is called after each window with the ops done
 	// and to do for the current size.
 	Progress func(size uint64, done, total int)
+	// Info, when set, gets a line naming the route and the peer.
+	Info io.Writer
 }
 
 // Session is a connected client.
@@ -106,8 +109,13 @@ func (s *Session) request(m bootstrap.Message, reply string) (bootstrap.Message,
 	return s.conn.Expect(reply, s.cfg.Timeout)
 }
 
-// checkSizes refuses sizes larger than the server's buffer.
-func (s *Session) checkSizes(factor uint64) error {
+// CheckSizes refuses sizes larger than the server's buffer (a pingpong
+// needs twice its size).
+func (s *Session) CheckSizes() error {
+	factor := uint64(1)
+	if s.cfg.Mode == bootstrap.ModePingPong {
+		factor = 2
+	}
 	for _, size := range s.cfg.Sizes {
 		if size*factor > s.remote.Len() {
 			return fmt.Errorf("size %d is larger than the server's %d-byte buffer: start the server with --size %d or more",
@@ -123,7 +131,7 @@ func (s *Session) checkSizes(factor uint64) error {
 // incomplete) and ctx's error.
 func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 	cfg := s.cfg
-	if err := s.checkSizes(1); err != nil {
+	if err := s.CheckSizes(); err != nil {
 		return nil, err
 	}
 	maxSize := uint64(0)
@@ -203,6 +211,7 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 	done := 0
 	finish := func(err error) (Row, error) {
 		r := newRow(cfg.Mode, s.Provider, size, done, win, elapsed, lat)
+		r.Peer = s.Route.Peer
 		r.Complete = err == nil
 		if err == nil && cfg.Verify {
 			r.Verified, err = s.verify(size, seed)

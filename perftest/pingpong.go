@@ -58,7 +58,7 @@ func (p *PingPongBuffer) Close() {
 // per iteration); p50/p99 are of the half round trips.
 func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, error) {
 	cfg := s.cfg
-	if err := s.checkSizes(2); err != nil {
+	if err := s.CheckSizes(); err != nil {
 		return nil, err
 	}
 	var rows []Row
@@ -109,6 +109,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 			}
 		}
 		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
+		row.Peer = s.Route.Peer
 		row.Complete = runErr == nil
 		if runErr == nil {
 			if _, err := s.conn.Expect(bootstrap.TypeDone, cfg.Timeout); err != nil {

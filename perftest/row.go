@@ -12,6 +12,7 @@ import (
 // prints it, plus latency percentiles.
 type Row struct {
 	Provider    string  `json:"provider"`
+	Peer        string  `json:"peer"` // the server's endpoint address
 	Op          string  `json:"op"` // read, write, pingpong
 	Bytes       uint64  `json:"bytes"`
 	Iters       int     `json:"iters"`

@@ -27,7 +27,8 @@ type Server struct {
 	size    uint64
 	shared  *transport.Buffer
 	mem     []byte
-	logf    func(format string, args ...any)
+	logf    func(format string, args ...any) // problems
+	infof   func(format string, args ...any) // sessions
 	idle    time.Duration
 	wg      sync.WaitGroup
 	clients atomic.Int64
@@ -35,7 +36,7 @@ type Server struct {
 
 // Listen registers the server's shared buffer (size bytes, the pattern of
 // seed 0) and listens on addr.
-func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, logf func(string, ...any)) (*Server, error) {
+func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, logf, infof func(string, ...any)) (*Server, error) {
 	mem, err := mr.Alloc(int(size))
 	if err != nil {
 		return nil, err
@@ -52,7 +53,7 @@ func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, 
 		_ = mr.Free(mem)
 		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
 	}
-	return &Server{m: m, ln: ln, size: size, shared: shared, mem: mem, logf: logf, idle: idle}, nil
+	return &Server{m: m, ln: ln, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: idle}, nil
 }
 
 // Addr is the listening address.
@@ -124,11 +125,14 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	default:
 		return fail(fmt.Errorf("unknown mode %q (read, write, pingpong)", hello.Mode))
 	}
+	var over []string
 	if hello.Address != nil {
-		if _, err := s.m.AddPeer(*hello.Address); err != nil {
+		if over, err = s.m.AddPeer(*hello.Address); err != nil {
 			return fail(err)
 		}
 	}
+	s.infof("client %s: %s session (its endpoints inserted on %v)", conn.RemoteAddr(), hello.Mode, over)
+	defer s.infof("client %s: session ended", conn.RemoteAddr())
 	mem, err := mr.Alloc(int(s.size))
 	if err != nil {
 		return fail(err)

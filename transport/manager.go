@@ -222,6 +222,7 @@ type Route struct {
 	Backend  string          // "memcpy", "shm", "tcp;ofi_rxm", "efa", ...
 	Locality fabric.Locality // where the owner is
 	Reason   string
+	Peer     string // the owner's endpoint address on that backend, printable
 }
 
 // Route says which backend a transfer with r would use, and why; an error
@@ -238,7 +239,8 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	if loc == fabric.SameNode && b.provider != "shm" {
 		reason += " (no shm on one side)"
 	}
-	return Route{Backend: b.provider, Locality: loc, Reason: reason}, nil
+	return Route{Backend: b.provider, Locality: loc, Reason: reason,
+		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
 }
 
 // route picks the backend for a handle: nil backend for memcpy (same

@@ -6,10 +6,17 @@ import (
 	"testing"
 )
 
+// asCLI makes this test binary behave as the fitransfer binary, for
+// tests that need it in another process.
+const asCLI = "FITRANSFER_TEST_AS_CLI"
+
 func TestMain(m *testing.M) {
 	// `doctor` starts this binary as its CMA probe target.
 	if handled, code := maybeRunChild(); handled {
 		os.Exit(code)
+	}
+	if os.Getenv(asCLI) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }

@@ -41,7 +41,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	defer m.Close()
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "fitransfer serve: "+format+"\n", a...) }
-	srv, err := perftest.Listen(m, *listen, size, *idle, logf)
+	infof := func(format string, a ...any) { fmt.Fprintf(stdout, format+"\n", a...) }
+	srv, err := perftest.Listen(m, *listen, size, *idle, logf, infof)
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}

@@ -96,7 +96,7 @@ func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
 	}
 	bar := newProgress(stderr, name)
 	cfg := perftest.Config{Server: hostPort(pos[0]), Manager: m, Mode: mode, Sizes: sizes, Iters: f.iters,
-		Warmup: f.warmup, Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update}
+		Warmup: f.warmup, Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update, Info: stderr}
 	rows, err := runSession(ctx, cfg)
 	bar.clear()
 	if len(rows) > 0 {
@@ -129,6 +129,12 @@ func runSession(ctx context.Context, cfg perftest.Config) ([]perftest.Row, error
 		return nil, err
 	}
 	defer s.Close()
+	if err := s.CheckSizes(); err != nil {
+		return nil, err
+	}
+	if cfg.Info != nil {
+		fmt.Fprintf(cfg.Info, "%s %s over %s: peer %s (%s)\n", cfg.Mode, cfg.Server, s.Route.Backend, s.Route.Peer, s.Route.Locality)
+	}
 	if pp != nil {
 		return s.RunPingPong(ctx, pp)
 	}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cliCommand is this test binary run as `fitransfer ARGS...`.
+func cliCommand(t *testing.T, args ...string) *exec.Cmd {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), asCLI+"=1")
+	return cmd
+}
+
+// startServer runs `fitransfer serve` in another process on a free
+// loopback port and returns its address and its output so far.
+func startServer(t *testing.T, args ...string) (string, *strings.Builder) {
+	t.Helper()
+	cmd := cliCommand(t, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+	})
+	var log strings.Builder
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "listening on ") {
+				first <- sc.Text()
+			}
+			log.WriteString(sc.Text() + "\n")
+		}
+	}()
+	select {
+	case l := <-first:
+		return strings.Fields(l)[2], &log
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start")
+	}
+	return "", nil
+}
+
+type jsonRow struct {
+	Provider    string  `json:"provider"`
+	Peer        string  `json:"peer"`
+	Op          string  `json:"op"`
+	Bytes       uint64  `json:"bytes"`
+	Iters       int     `json:"iters"`
+	MBps        float64 `json:"mb_per_sec"`
+	UsecPerXfer float64 `json:"usec_per_xfer"`
+	P99         float64 `json:"p99_usec"`
+	Verified    bool    `json:"verified"`
+	Complete    bool    `json:"complete"`
+}
+
+func TestPointToPoint(t *testing.T) {
+	addr, _ := startServer(t, "--size", "1m")
+	for _, prov := range []string{"shm", "tcp"} {
+		for _, test := range []string{"write", "read", "pingpong"} {
+			t.Run(prov+"/"+test, func(t *testing.T) {
+				out, stderr, code := runCLI(test, addr, "-p", prov, "-S", "8,4k,64k", "-I", "50", "-w", "2", "-v", "--json")
+				require.Equal(t, exitOK, code, stderr)
+				var rows []jsonRow
+				require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+				require.Len(t, rows, 3)
+				for i, want := range []uint64{8, 4096, 65536} {
+					r := rows[i]
+					assert.Equal(t, want, r.Bytes)
+					assert.Equal(t, test, r.Op)
+					assert.Equal(t, 50, r.Iters)
+					assert.Greater(t, r.MBps, 0.0)
+					assert.Greater(t, r.UsecPerXfer, 0.0)
+					assert.GreaterOrEqual(t, r.P99, 0.0)
+					assert.True(t, r.Verified, "every byte checked")
+					assert.True(t, r.Complete)
+					assert.Contains(t, r.Provider, prov)
+					assert.NotEmpty(t, r.Peer)
+				}
+				assert.Contains(t, stderr, "peer ")
+			})
+		}
+	}
+	// Text output: fabtests' columns, then the percentiles.
+	out, stderr, code := runCLI("read", addr, "-S", "4k", "-I", "10")
+	require.Equal(t, exitOK, code, stderr)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	assert.True(t, strings.HasPrefix(lines[0], "bytes   iters   total       time     MB/sec    usec/xfer   Mxfers/sec"), lines[0])
+	assert.True(t, strings.HasPrefix(lines[1], "4k      10      40k     "), lines[1])
+}
+
+func TestPointToPointErrors(t *testing.T) {
+	small, _ := startServer(t, "--size", "4k")
+	shmOnly, _ := startServer(t, "-p", "shm")
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	require.NoError(t, err)
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := free.Addr().String()
+	free.Close()
+
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"refused", []string{"read", refused}, exitFail, []string{"connection refused", "is `fitransfer serve` running"}},
+		{"size over the server's buffer", []string{"write", small, "-S", "64k"}, exitFail, []string{"larger than the server's 4096-byte buffer", "--size"}},
+		{"pingpong needs twice the size", []string{"pingpong", small, "-S", "4k"}, exitFail, []string{"--size 8192"}},
+		{"no common provider", []string{"read", shmOnly, "-p", "tcp"}, exitFail, []string{"no route", "common -p provider"}},
+		{"server never answers", []string{"read", silent.Addr().String(), "--timeout", "1s"}, exitFail, []string{"timeout"}},
+		{"bad size", []string{"read", small, "-S", "lots"}, exitUsage, []string{`bad size "lots"`}},
+		{"no host", []string{"write"}, exitUsage, []string{"want one HOST[:PORT]"}},
+		{"bad window", []string{"write", small, "-W", "0"}, exitUsage, []string{"-W >= 1"}},
+		{"unknown provider", []string{"read", small, "-p", "nosuch"}, exitFail, []string{`provider "nosuch"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			_, stderr, code := runCLI(tt.args...)
+			assert.Equal(t, tt.code, code, stderr)
+			for _, w := range tt.want {
+				assert.Contains(t, stderr, w)
+			}
+			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+			assert.Less(t, time.Since(start), 15*time.Second)
+		})
+	}
+}
+
+func TestInterruptPrintsWhatWasMeasured(t *testing.T) {
+	addr, _ := startServer(t)
+	cmd := cliCommand(t, "write", addr, "-p", "tcp", "-S", "4k,64k", "-I", "100000000")
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	time.Sleep(2 * time.Second)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), errb.String())
+	assert.Equal(t, exitInterrupted, ee.ExitCode())
+	assert.Contains(t, out.String(), "Mxfers/sec")
+	assert.Contains(t, out.String(), "(interrupted)")
+	assert.Contains(t, errb.String(), "interrupted")
+}
+
+func TestServeLogsSessions(t *testing.T) {
+	addr, log := startServer(t)
+	_, stderr, code := runCLI("write", addr, "-p", "tcp", "-S", "4k", "-I", "5")
+	require.Equal(t, exitOK, code, stderr)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "session ended") }, 5*time.Second, 50*time.Millisecond)
+	assert.Contains(t, log.String(), "write session")
+	assert.Contains(t, log.String(), "client 127.0.0.1:")
+}

@@ -1,0 +1,154 @@
+package perftest
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+func TestParseSizes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []uint64
+		err  string
+	}{
+		{"", DefaultSizes, ""},
+		{"4096", []uint64{4096}, ""},
+		{"64k", []uint64{65536}, ""},
+		{"1m", []uint64{1 << 20}, ""},
+		{"8,4k,1M", []uint64{8, 4096, 1 << 20}, ""},
+		{"r:1k,1k,4k", []uint64{1024, 2048, 3072, 4096}, ""},
+		{"r:1,0,4", nil, `bad size "0"`},
+		{"r:8,1,4", nil, "start <= end"},
+		{"r:8,1", nil, "want r:start,inc,end"},
+		{"0", nil, "bad size"},
+		{"-5", nil, "bad size"},
+		{"99999999999g", nil, "bad size"},
+		{"lots", nil, "bad size"},
+	}
+	for _, tt := range tests {
+		got, err := ParseSizes(tt.in)
+		if tt.err != "" {
+			assert.ErrorContains(t, err, tt.err, tt.in)
+			continue
+		}
+		require.NoError(t, err, tt.in)
+		assert.Equal(t, tt.want, got, tt.in)
+	}
+	all, err := ParseSizes("all")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), all[0])
+	assert.Equal(t, uint64(8<<20), all[len(all)-1])
+	assert.Contains(t, all, uint64(3))
+	assert.Contains(t, all, uint64(1536))
+}
+
+func TestFabtestsFormats(t *testing.T) {
+	for size, want := range map[uint64]string{8: "8", 1536: "1.5k", 65536: "64k", 1 << 20: "1m", 3 << 29: "1.5g", 12 << 10: "12k"} {
+		assert.Equal(t, want, SizeString(size))
+	}
+	for n, want := range map[int64]string{200: "200", 20000: "20k", 2500000: "2m"} {
+		assert.Equal(t, want, CountString(n))
+	}
+	r := newRow("write", "shm", 65536, 2000, 64, 100*time.Millisecond, []time.Duration{time.Microsecond, 3 * time.Microsecond})
+	assert.InDelta(t, 1310.72, r.MBps, 0.01) // 65536*2000 B / 100000 us
+	assert.InDelta(t, 50, r.UsecPerXfer, 0.01)
+	assert.InDelta(t, 0.02, r.MxfersPerS, 0.001)
+	assert.Equal(t, 1.0, r.P50Usec)
+	assert.Equal(t, 3.0, r.P99Usec)
+	r.Complete = true
+	assert.Equal(t, "64k     2k      125m        0.10s   1310.72      50.00       0.02         1.00         3.00", r.String())
+	p := newRow("pingpong", "shm", 8, 1000, 1, 10*time.Millisecond, nil)
+	assert.InDelta(t, 5, p.UsecPerXfer, 0.01, "two transfers per iteration, as fabtests counts")
+}
+
+func TestPattern(t *testing.T) {
+	b := make([]byte, 1001)
+	Fill(b, 42)
+	assert.Equal(t, int64(-1), Mismatch(b, 42))
+	b[999] ^= 1
+	assert.Equal(t, int64(999), Mismatch(b, 42))
+	assert.NotEqual(t, int64(-1), Mismatch(b, 43))
+	seen := map[byte]bool{}
+	for i := 1; i <= 255; i++ {
+		assert.NotZero(t, Marker(i))
+		assert.NotEqual(t, Marker(i), Marker(i+1))
+		seen[Marker(i)] = true
+	}
+	assert.Len(t, seen, 255)
+}
+
+// TestServerSurvivesBadClients sends a server garbage, another protocol
+// version, an unknown mode and an early disconnect; each gets an error
+// line (and, where it can be sent, an error message) and the server keeps
+// serving a good client.
+func TestServerSurvivesBadClients(t *testing.T) {
+	m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+	require.NoError(t, err)
+	defer m.Close()
+	var mu sync.Mutex
+	var logs []string
+	logf := func(f string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logs = append(logs, f)
+	}
+	srv, err := Listen(m, "127.0.0.1:0", 1<<20, 5*time.Second, logf, func(string, ...any) {})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, false) }()
+	addr := srv.Addr().String()
+
+	raw := func(payload []byte) string {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer c.Close()
+		_, _ = c.Write(payload)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := bootstrap.ReadFrame(c)
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	frame := func(s string) []byte {
+		return append(binary.BigEndian.AppendUint32(nil, uint32(len(s))), s...)
+	}
+	raw([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	assert.Contains(t, raw(frame(`{"v":9,"type":"hello"}`)), "protocol version 9")
+	assert.Contains(t, raw(frame(`{"v":1,"type":"hello","mode":"dance"}`)), `unknown mode \"dance\"`)
+	raw(frame(`{"v":1,"type":"hello","mode":"read"}`)[:10]) // cut short
+
+	// A good client still works.
+	c, err := transport.New(context.Background(), transport.WithProviders("shm"))
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := Connect(Config{Server: addr, Manager: c, Mode: bootstrap.ModeWrite, Sizes: []uint64{4096},
+		Iters: 10, Window: 4, Verify: true, Timeout: 5 * time.Second}, bootstrap.Message{})
+	require.NoError(t, err)
+	rows, err := s.RunBandwidth(context.Background())
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	assert.True(t, rows[0].Verified)
+	s.Close()
+
+	cancel()
+	require.ErrorIs(t, <-served, context.Canceled)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.GreaterOrEqual(t, len(logs), 3, "one log line per bad client: %v", logs)
+	joined := strings.Join(logs, "\n")
+	assert.Contains(t, joined, "client %s: %v")
+}
