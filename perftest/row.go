@@ -13,7 +13,7 @@ import (
 type Row struct {
 	Provider    string  `json:"provider"`
 	Peer        string  `json:"peer"` // the server's endpoint address
-	Op          string  `json:"op"` // read, write, pingpong
+	Op          string  `json:"op"`   // read, write, pingpong
 	Bytes       uint64  `json:"bytes"`
 	Iters       int     `json:"iters"`
 	Window      int     `json:"window"`
