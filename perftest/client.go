@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -85,8 +86,10 @@ func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
 
 func dialHint(err error) string {
 	switch {
-	case errors.Is(err, errConnRefused()):
+	case errors.Is(err, syscall.ECONNREFUSED):
 		return " (is `fitransfer serve` running there, on that port?)"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return " (check the address, the route to it and that the link is up)"
 	case isTimeout(err):
 		return " (host unreachable or a firewall drops the port)"
 	}

@@ -1,0 +1,3 @@
+// Package test holds fitransfer's integration tests: real processes,
+// real endpoints, and hosts simulated with network namespaces.
+package test
