@@ -142,7 +142,13 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 		maxSize = max(maxSize, size)
 	}
 	window := max(cfg.Window, 1)
-	localLen := min(uint64(window)*maxSize, max(MaxLocal, maxSize))
+	// Verified reads need a slot per op in flight; otherwise every op of
+	// a window uses the same local bytes, as fabtests does.
+	slots := 1
+	if cfg.Verify && cfg.Mode == bootstrap.ModeRead {
+		slots = window
+	}
+	localLen := min(uint64(slots)*maxSize, max(MaxLocal, maxSize))
 	mem, err := mr.Alloc(int(localLen))
 	if err != nil {
 		return nil, err
@@ -157,16 +163,17 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 	var rows []Row
 	for si, size := range cfg.Sizes {
 		seed := uint64(si + 1)
-		win := int(min(uint64(window), localLen/size))
+		win := window
+		if slots > 1 {
+			win = int(min(uint64(window), localLen/size))
+		}
 		if cfg.Verify {
 			if cfg.Mode == bootstrap.ModeRead {
 				if _, err := s.request(bootstrap.Message{Type: bootstrap.TypeFill, Seed: seed}, bootstrap.TypeFilled); err != nil {
 					return rows, err
 				}
 			} else {
-				for k := 0; k < win; k++ {
-					Fill(mem[uint64(k)*size:uint64(k+1)*size], seed)
-				}
+				Fill(mem[:size], seed)
 			}
 		}
 		iters := cfg.Iters
@@ -186,11 +193,19 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []byte, size uint64, win, iters int, seed uint64) (Row, error) {
 	cfg := s.cfg
 	remote, _ := s.remote.Slice(0, size)
+	distinct := cfg.Verify && cfg.Mode == bootstrap.ModeRead
 	slots := make([]*transport.Buffer, win)
 	for k := range slots {
-		slots[k], _ = local.Slice(uint64(k)*size, size)
+		off := uint64(0)
+		if distinct {
+			off = uint64(k) * size
+		}
+		slots[k], _ = local.Slice(off, size)
 	}
 	a := cfg.Manager.NewAction()
+	if !distinct {
+		a.AllowOverlap()
+	}
 	window := func(n int) error {
 		a.Reset()
 		for k := 0; k < n; k++ {

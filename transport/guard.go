@@ -181,10 +181,12 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) err
 }
 
 // guardCheck is one handle to check before a transfer: the op at index
-// op of the request.
+// op of the request. entry is the index of its guard entry among those
+// read for its peer (ops on the same buffer share one read).
 type guardCheck struct {
-	op  int
-	err error
+	op    int
+	entry int
+	err   error
 }
 
 // verifyGuards reads the guard entries of the ops' handles (one job per
@@ -213,7 +215,7 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 }
 
 // verifyPeerGuards runs, in one job, the checks of the handles of one
-// peer among checks.
+// peer among checks, reading each distinct guard entry once.
 func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
 	p, err := b.peer(name)
 	if err != nil {
@@ -224,9 +226,20 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
 	x.pid, j.Check = shmPeerPID(name), peerAlive
-	for _, c := range checks {
-		ep := ops[c.op].ep
+	for i := range checks {
+		ep := ops[checks[i].op].ep
 		if string(ep.name) != string(name) {
+			continue
+		}
+		remote := ep.guard.table + uint64(ep.guard.slot)*guardEntrySize
+		checks[i].entry = -1
+		for k := range j.Chunks {
+			if j.Chunks[k].Remote == remote && j.Chunks[k].Key == ep.guard.key {
+				checks[i].entry = k
+				break
+			}
+		}
+		if checks[i].entry >= 0 {
 			continue
 		}
 		s, err := b.scratch.get(ctx)
@@ -235,9 +248,10 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		}
 		x.scratch = append(x.scratch, s)
 		entry := b.scratch.entry(s)
+		checks[i].entry = len(j.Chunks)
 		j.Chunks = append(j.Chunks, completion.Chunk{
 			Local: unsafe.Pointer(&entry[0]), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
-			Remote: ep.guard.table + uint64(ep.guard.slot)*guardEntrySize, Key: ep.guard.key,
+			Remote: remote, Key: ep.guard.key,
 		})
 	}
 	if err := x.submit(); err != nil {
@@ -248,14 +262,12 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks),
 			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}
 	}
-	k := 0
 	for i := range checks {
 		o := &ops[checks[i].op]
 		if string(o.ep.name) != string(name) {
 			continue
 		}
-		checks[i].err = checkEntry(b.scratch.entry(x.scratch[k]), &o.remote, o.ep, need(o.op))
-		k++
+		checks[i].err = checkEntry(b.scratch.entry(x.scratch[checks[i].entry]), &o.remote, o.ep, need(o.op))
 	}
 	return nil
 }

@@ -507,3 +507,17 @@ func TestTransferErrorLeadsWithTheCause(t *testing.T) {
 	require.ErrorAs(t, e, &ce)
 	assert.Len(t, e.Unwrap(), 3)
 }
+
+func TestActionAllowOverlap(t *testing.T) {
+	m := newManager(t, transport.WithProviders("shm"))
+	peer := testpeer.Start(t, "shm")
+	r := peer.Register(4096, mr.ReadWrite, 3)
+	local := register(t, m, alloc(t, 4096), 0)
+	a := m.NewAction()
+	for i := 0; i < 8; i++ {
+		a.ReadInto(local, r)
+	}
+	assert.ErrorIs(t, a.Submit(ctxTimeout(t, 10*time.Second)), transport.ErrConflict)
+	require.NoError(t, a.AllowOverlap().Submit(ctxTimeout(t, 10*time.Second)))
+	assert.Equal(t, testpeer.Pattern(4096, 3), local.Bytes(), "every read brought the same bytes")
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -45,6 +46,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	compare := fs.Bool("compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
 	fabtests := fs.String("fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	timeout := fs.Duration("timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
+	repeat := fs.Int("repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
@@ -60,8 +62,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := interruptible()
 	defer stop()
 	var rows []benchRow
+	if *repeat < 1 {
+		return fail(stderr, "bench", usageError{errors.New("--repeat must be >= 1")})
+	}
 	for _, prov := range provs {
-		r, err := benchProvider(ctx, prov, strings.Split(*ops, ","), sz, *iters, *warmup, *window, *timeout, stderr)
+		r, err := benchProvider(ctx, prov, strings.Split(*ops, ","), sz, *iters, *warmup, *window, *repeat, *timeout, stderr)
 		rows = append(rows, r...)
 		if err != nil {
 			printBench(stdout, rows, *asCSV, *compare)
@@ -73,7 +78,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if *compare {
 		for i := range rows {
-			comparePeer(ctx, &rows[i], *iters, *warmup, *window, *fabtests, *timeout)
+			comparePeer(ctx, &rows[i], *warmup, *window, *repeat, *fabtests, *timeout)
 		}
 	}
 	printBench(stdout, rows, *asCSV, *compare)
@@ -113,7 +118,7 @@ func benchProviders(spec string) ([]string, error) {
 
 // benchProvider starts a local server process for prov and runs the tests
 // against it from this process.
-func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint64, iters, warmup, window int,
+func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint64, iters, warmup, window, repeat int,
 	timeout time.Duration, stderr io.Writer) ([]benchRow, error) {
 	maxSize := uint64(0)
 	for _, s := range sizes {
@@ -138,12 +143,23 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		}
 		cfg := perftest.Config{Server: addr, Manager: m, Mode: mode, Sizes: sizes, Iters: iters, Warmup: warmup,
 			Window: window, Timeout: timeout}
-		r, err := runSession(ctx, cfg)
-		for _, row := range r {
-			rows = append(rows, benchRow{Row: row})
+		runs := make([][]perftest.Row, 0, repeat)
+		for i := 0; i < repeat; i++ {
+			r, err := runSession(ctx, cfg)
+			if err != nil {
+				for _, row := range r {
+					rows = append(rows, benchRow{Row: row})
+				}
+				return rows, err
+			}
+			runs = append(runs, r)
 		}
-		if err != nil {
-			return rows, err
+		for i := range runs[0] {
+			var same []perftest.Row
+			for _, r := range runs {
+				same = append(same, r[i])
+			}
+			rows = append(rows, benchRow{Row: medianRow(same)})
 		}
 	}
 	return rows, nil
@@ -236,9 +252,22 @@ func printBench(w io.Writer, rows []benchRow, asCSV, compare bool) {
 
 func f2(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
 
+// medianRow is the row with the median MB/sec.
+func medianRow(rows []perftest.Row) perftest.Row {
+	s := append([]perftest.Row(nil), rows...)
+	sort.Slice(s, func(i, j int) bool { return s[i].MBps < s[j].MBps })
+	return s[len(s)/2]
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
 // comparePeer runs the peer tool that measures what r measures, with the
 // same size, window and iterations, and fills in its figures.
-func comparePeer(ctx context.Context, r *benchRow, iters, warmup, window int, fabtestsDir string, timeout time.Duration) {
+func comparePeer(ctx context.Context, r *benchRow, warmup, window, repeat int, fabtestsDir string, timeout time.Duration) {
 	n := r.Iters
 	size := strconv.FormatUint(r.Bytes, 10)
 	var tool string
@@ -258,12 +287,17 @@ func comparePeer(ctx context.Context, r *benchRow, iters, warmup, window int, fa
 		return // no peer tool measures RMA bandwidth without fabtests
 	}
 	r.Peer = filepath.Base(tool)
-	mbps, usec, err := runPeerTool(ctx, tool, append([]string{"-p", r.Provider}, args...), timeout)
-	if err != nil {
-		r.PeerError = oneLine(err)
-		return
+	var mbs, usecs []float64
+	for i := 0; i < repeat; i++ {
+		mbps, usec, err := runPeerTool(ctx, tool, append([]string{"-p", r.Provider}, args...), timeout)
+		if err != nil {
+			r.PeerError = oneLine(err)
+			return
+		}
+		mbs, usecs = append(mbs, mbps), append(usecs, usec)
 	}
-	r.PeerMBps, r.PeerUsec = mbps, usec
+	mbps := median(mbs)
+	r.PeerMBps, r.PeerUsec = mbps, median(usecs)
 	if mbps > 0 {
 		r.Ratio = r.MBps / mbps
 	}
