@@ -84,7 +84,7 @@ func (e *TimeoutError) Error() string {
 		verb = "was canceled"
 	}
 	return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed; "+
-		"the peer may be dead, stopped or not progressing its endpoint%s",
+		"the peer may be dead, stopped, unreachable or not progressing its endpoint%s",
 		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total, shmNote(e.Provider))
 }
 

@@ -3,6 +3,7 @@ package completion
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -130,6 +131,7 @@ type Loop struct {
 	drive    sync.Mutex   // held for every endpoint call and the state below
 	drivers  atomic.Int32 // goroutines driving progress in Wait
 	polled   atomic.Int64 // when Poll was last called (UnixNano)
+	inCall   atomic.Int64 // when the running progress call started (UnixNano), 0 when none
 	sleeping atomic.Bool  // the background goroutine blocks in fi_cq_sread
 	wake     chan struct{}
 	exited   chan struct{}
@@ -190,11 +192,13 @@ func (l *Loop) Submit(j *Job) error {
 // that brings completions (for up to the poll policy's Spin without any),
 // then leaving it to the background goroutine. When ctx ends first, the
 // job is finished with a *TimeoutError; chunks still in flight stay
-// registered until they complete. It returns with the job finished.
-func (l *Loop) Wait(ctx context.Context, j *Job) {
+// registered until they complete. It returns nil with the job finished,
+// or a *WedgedError when the endpoint is stuck inside libfabric: the job
+// then stays the loop's and must not be reused.
+func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	select {
 	case <-j.done:
-		return
+		return nil
 	default:
 	}
 	l.drivers.Add(1)
@@ -212,7 +216,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) {
 		select {
 		case <-j.done:
 			l.drivers.Add(-1)
-			return
+			return nil
 		default:
 		}
 		if i&1023 == 0 {
@@ -224,18 +228,91 @@ func (l *Loop) Wait(ctx context.Context, j *Job) {
 	}
 	l.drivers.Add(-1)
 	l.kick()
-	select {
-	case <-j.done:
-		return
-	case <-ctx.Done():
+	return l.waitPassive(ctx, j)
+}
+
+// waitPassive leaves progress to the background goroutine and waits for
+// the job, ctx, or a wedged endpoint.
+func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-j.done:
+			return nil
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+			if err := l.Wedged(); err != nil {
+				return err
+			}
+		}
 	}
 	gen := j.gen.Load()
-	l.drive.Lock()
+	if err := l.acquire(); err != nil {
+		return err
+	}
 	if !l.down && j.gen.Load() == gen && !j.finished {
 		l.expire(j, ctx.Err())
 	}
 	l.drive.Unlock()
 	<-j.done
+	return nil
+}
+
+// acquire takes the drive lock from outside the loop: it makes the
+// background goroutine stand back (it pauses while drivers > 0 and leaves
+// fi_cq_sread on a signal) so that it cannot starve the caller, and gives
+// up with a *WedgedError when the holder is stuck inside libfabric.
+func (l *Loop) acquire() error {
+	l.drivers.Add(1)
+	defer l.drivers.Add(-1)
+	for !l.drive.TryLock() {
+		if err := l.Wedged(); err != nil {
+			return err
+		}
+		if l.sleeping.Load() {
+			l.raw.Signal()
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	return nil
+}
+
+// WedgeAfter is how long a libfabric call may run before the loop counts
+// its endpoint as wedged.
+const WedgeAfter = 10 * time.Second
+
+// WedgedError is an endpoint stuck inside a libfabric call: no progress
+// can be made on it any more.
+type WedgedError struct {
+	Provider string
+	Since    time.Duration
+}
+
+func (e *WedgedError) Error() string {
+	return fmt.Sprintf("the %s endpoint is stuck inside libfabric (a progress call has not returned for %v)%s; "+
+		"close the manager and open a new one", e.Provider, e.Since.Round(time.Second), wedgeCause(e.Provider))
+}
+
+func wedgeCause(provider string) string {
+	if provider == "shm" {
+		return ": libfabric 1.x's shm spins forever on a region lock that a peer process held when it died"
+	}
+	return ""
+}
+
+// Wedged returns a *WedgedError when a libfabric call on the endpoint has
+// been running for longer than WedgeAfter.
+func (l *Loop) Wedged() error {
+	start := l.inCall.Load()
+	if start == 0 {
+		return nil
+	}
+	if d := time.Duration(time.Now().UnixNano() - start); d > WedgeAfter {
+		return &WedgedError{Provider: l.ep.Provider(), Since: d}
+	}
+	return nil
 }
 
 // Poll progresses the endpoint once, unless another goroutine is doing so
@@ -259,10 +336,9 @@ func (l *Loop) Poll() bool {
 // insert peers or close MRs. It fails with ErrClosed once the endpoint is
 // closed.
 func (l *Loop) Do(fn func()) error {
-	if l.sleeping.Load() {
-		l.raw.Signal()
+	if err := l.acquire(); err != nil {
+		return err
 	}
-	l.drive.Lock()
 	defer l.drive.Unlock()
 	if l.down {
 		return ErrClosed
@@ -284,7 +360,32 @@ func (l *Loop) Close(beforeEndpointClose func()) {
 	if !already {
 		l.kick()
 	}
-	<-l.exited
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.exited:
+			return
+		case <-tick.C:
+			if err := l.Wedged(); err != nil {
+				// The goroutine stuck in libfabric keeps the endpoint and
+				// its memory: they are left, not freed under it.
+				l.log.Error().Err(err).Msg("closing: endpoint left behind")
+				return
+			}
+		}
+	}
+}
+
+// Stopped reports whether the loop's goroutine has ended (after Close;
+// not when Close gave up on a wedged endpoint).
+func (l *Loop) Stopped() bool {
+	select {
+	case <-l.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 func (l *Loop) kick() {
@@ -303,6 +404,7 @@ func (l *Loop) kick() {
 func (l *Loop) run() {
 	defer close(l.exited)
 	sleep := l.policy.MinSleep
+	spins := 0
 	for {
 		l.mu.Lock()
 		closing := l.closing
@@ -326,7 +428,7 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			if l.iter&255 == 0 {
+			if spins++; spins&255 == 0 {
 				runtime.Gosched() // rarely: it is slow on some VMs, and preemption is asynchronous anyway
 			}
 			continue
@@ -346,6 +448,8 @@ func (l *Loop) iterate() bool {
 	if l.down {
 		return false
 	}
+	l.inCall.Store(time.Now().UnixNano())
+	defer l.inCall.Store(0)
 	l.iter++
 	worked := l.intake()
 	if l.post() {
@@ -663,7 +767,9 @@ func (l *Loop) idle(d time.Duration) bool {
 		l.sleeping.Store(true)
 		defer l.sleeping.Store(false)
 		ms := max(int(d/time.Millisecond), 1)
+		l.inCall.Store(time.Now().UnixNano())
 		slots, err := l.q.Wait(l.raw, ms)
+		l.inCall.Store(0)
 		worked := l.handle(slots, err)
 		if worked {
 			l.lastActive = time.Now()

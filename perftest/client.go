@@ -62,6 +62,9 @@ func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
 	w, err := conn.Expect(bootstrap.TypeWelcome, cfg.Timeout)
 	if err != nil {
 		conn.Close()
+		if isTimeout(err) {
+			return nil, fmt.Errorf("server %s did not answer within %v: overloaded, or the path to it is down", cfg.Server, cfg.Timeout)
+		}
 		return nil, fmt.Errorf("server %s: %w", cfg.Server, err)
 	}
 	s := &Session{cfg: cfg, conn: conn}

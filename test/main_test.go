@@ -6,12 +6,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/fitransfer/fitransfer/internal/testpeer"
 )
 
 // fitransferBin is the fitransfer binary built for these tests.
 var fitransferBin string
 
 func TestMain(m *testing.M) {
+	testpeer.MaybeRun() // child owners and initiators
 	dir, err := os.MkdirTemp("", "fitransfer-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -167,3 +167,11 @@ func TestUnreachableHostIsOneLine(t *testing.T) {
 	assert.Contains(t, msg, "connect to "+h.aIP)
 	assert.True(t, strings.Contains(msg, "no route to host") || strings.Contains(msg, "timeout"), msg)
 }
+
+func runCmd(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}

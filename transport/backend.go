@@ -20,8 +20,8 @@ type backend struct {
 	name     []byte // endpoint name, immutable
 	virtAddr bool
 	chunk    uint64       // largest op
-	guard    *guardTable  // shm: this manager's buffers as owner
 	scratch  *scratchPool // shm: where handle checks land
+	cma      bool         // the cma path (cma.go): no endpoint, no loop
 
 	mu    sync.RWMutex
 	peers map[string]peer // endpoint name → address

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -61,18 +62,30 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 			st.deregister()
 			return nil, err
 		}
-		ep := remoteEP{provider: b.provider, name: b.name, key: st.mrs[b.index].Key(),
-			base: mr.RemoteAddr(b.virtAddr, base, 0)}
-		if b.guard != nil {
-			slot, gen, err := b.guard.publish(st.id, ep.base, uint64(len(mem)), ep.key, access)
-			if err != nil {
-				st.deregister()
-				return nil, err
-			}
-			st.guard, st.hasGrd = slot, true
-			ep.guard = &guardRef{table: b.guard.base, key: b.guard.mr.Key(), slot: slot, gen: gen}
+		st.eps = append(st.eps, remoteEP{provider: b.provider, name: b.name, key: st.mrs[b.index].Key(),
+			base: mr.RemoteAddr(b.virtAddr, base, 0)})
+	}
+	if g := m.guard; g != nil {
+		var shmKey uint64
+		if s := m.sameNode; s != nil {
+			shmKey = st.mrs[s.index].Key()
 		}
-		st.eps = append(st.eps, ep)
+		cmaKey := mr.RandomKey(8)
+		slot, gen, err := g.publish(st.id, uint64(base), uint64(len(mem)), shmKey, cmaKey, access)
+		if err != nil {
+			st.deregister()
+			return nil, err
+		}
+		st.guard, st.hasGrd = slot, true
+		for i, b := range m.backends {
+			if b.scratch != nil {
+				st.eps[i].guard = &guardRef{table: g.base, key: g.mr.Key(), slot: slot, gen: gen}
+			}
+		}
+		if m.cmaB != nil {
+			st.eps = append([]remoteEP{{provider: cmaProvider, name: cmaName(os.Getpid()), key: cmaKey, base: uint64(base),
+				guard: &guardRef{table: g.base, key: g.id, slot: slot, gen: gen}}}, st.eps...)
+		}
 	}
 	m.bufsMu.Lock()
 	m.bufs[st.id] = st
@@ -152,13 +165,8 @@ func (st *bufState) unref() {
 }
 
 func (st *bufState) revokeGuard() {
-	if !st.hasGrd {
-		return
-	}
-	for _, b := range st.m.backends {
-		if b.guard != nil {
-			b.guard.revoke(st.guard)
-		}
+	if st.hasGrd {
+		st.m.guard.revoke(st.guard)
 	}
 }
 

@@ -21,11 +21,12 @@ import (
 // (smr_progress_cmd_rma), a bad key is dropped without an answer and the
 // initiator's queue to that peer stays blocked for good.
 //
-// So on shm the owner publishes the state of each of its buffers in a
-// guard table (one 64-byte entry per buffer, registered for remote read),
+// So the owner publishes the state of each of its buffers in a guard
+// table (one 64-byte entry per buffer; registered for remote read on shm),
 // the handle names the buffer's entry, and before each transfer the
-// initiator reads the entry and checks generation, key, range and access.
-// A closed buffer's entry has a new generation, so its handles fail.
+// initiator reads the entry — over shm, or with process_vm_readv for the
+// cma path (cma.go) — and checks generation, key, range and access. A
+// closed buffer's entry has a new generation, so its handles fail.
 
 const (
 	guardEntrySize = 64
@@ -35,21 +36,33 @@ const (
 
 // guard entry words
 const (
-	gwGen = iota
-	gwKey
-	gwBase
-	gwSize
-	gwAccess
-	gwID
+	gwGen    = iota // generation: a handle's must equal it
+	gwKey           // the buffer's shm memory key (0 without shm)
+	gwBase          // the buffer's virtual address
+	gwSize          // its length
+	gwAccess        // mr.Access
+	gwID            // buffer id
+	gwCMAKey        // the buffer's cma key (random)
+	gwTable         // the table's id (random): tells this table from any other memory
 )
 
+// guardTable is a manager's table of its buffers' state.
 type guardTable struct {
 	mem  []byte
-	mr   *ofi.MR
-	base uint64 // remote address of the table (virtual address: shm has FI_MR_VIRT_ADDR)
+	id   uint64  // random; in every entry
+	mr   *ofi.MR // registration on the shm backend, when there is one
+	base uint64  // the table's virtual address
 	mu   sync.Mutex
 	free []uint32
 	next uint32
+}
+
+func newGuardTable() (*guardTable, error) {
+	mem, err := mr.Alloc(guardSlots * guardEntrySize)
+	if err != nil {
+		return nil, err
+	}
+	return &guardTable{mem: mem, id: mr.RandomKey(8), base: uint64(uintptr(unsafe.Pointer(&mem[0])))}, nil
 }
 
 func (g *guardTable) word(slot uint32, w int) *uint64 {
@@ -58,7 +71,7 @@ func (g *guardTable) word(slot uint32, w int) *uint64 {
 
 // publish fills a free entry for a buffer and returns its slot and
 // generation.
-func (g *guardTable) publish(id uint64, base, size, key uint64, access mr.Access) (uint32, uint64, error) {
+func (g *guardTable) publish(id uint64, base, size, shmKey, cmaKey uint64, access mr.Access) (uint32, uint64, error) {
 	g.mu.Lock()
 	var slot uint32
 	switch {
@@ -70,11 +83,13 @@ func (g *guardTable) publish(id uint64, base, size, key uint64, access mr.Access
 		g.next++
 	default:
 		g.mu.Unlock()
-		return 0, 0, fmt.Errorf("more than %d buffers registered at once on shm", guardSlots)
+		return 0, 0, fmt.Errorf("more than %d buffers registered at once", guardSlots)
 	}
 	g.mu.Unlock()
 	gen := atomic.LoadUint64(g.word(slot, gwGen)) + 1
-	atomic.StoreUint64(g.word(slot, gwKey), key)
+	atomic.StoreUint64(g.word(slot, gwKey), shmKey)
+	atomic.StoreUint64(g.word(slot, gwCMAKey), cmaKey)
+	atomic.StoreUint64(g.word(slot, gwTable), g.id)
 	atomic.StoreUint64(g.word(slot, gwBase), base)
 	atomic.StoreUint64(g.word(slot, gwSize), size)
 	atomic.StoreUint64(g.word(slot, gwAccess), uint64(access))
@@ -87,6 +102,7 @@ func (g *guardTable) publish(id uint64, base, size, key uint64, access mr.Access
 func (g *guardTable) revoke(slot uint32) {
 	atomic.StoreUint64(g.word(slot, gwGen), atomic.LoadUint64(g.word(slot, gwGen))+1)
 	atomic.StoreUint64(g.word(slot, gwKey), 0)
+	atomic.StoreUint64(g.word(slot, gwCMAKey), 0)
 	atomic.StoreUint64(g.word(slot, gwSize), 0)
 	atomic.StoreUint64(g.word(slot, gwAccess), 0)
 	g.mu.Lock()
@@ -116,19 +132,13 @@ func (s *scratchPool) entry(i uint32) []byte {
 	return s.mem[int(i)*guardEntrySize : int(i+1)*guardEntrySize]
 }
 
-// newGuard allocates and registers the guard table and scratch space of an
-// shm backend.
-func newGuard(b *backend) (*guardTable, *scratchPool, error) {
-	gmem, err := mr.Alloc(guardSlots * guardEntrySize)
-	if err != nil {
-		return nil, nil, err
-	}
+// registerGuard registers the table for remote read on the shm backend
+// and allocates the scratch space shm handle checks land in.
+func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
 	smem, err := mr.Alloc(scratchSlots * guardEntrySize)
 	if err != nil {
-		_ = mr.Free(gmem)
-		return nil, nil, err
+		return nil, err
 	}
-	g := &guardTable{mem: gmem}
 	s := &scratchPool{mem: smem, slots: make(chan uint32, scratchSlots)}
 	for i := uint32(0); i < scratchSlots; i++ {
 		s.slots <- i
@@ -136,43 +146,46 @@ func newGuard(b *backend) (*guardTable, *scratchPool, error) {
 	var gerr, serr error
 	if err := b.loop.Do(func() {
 		ep := b.loop.Endpoint()
-		g.mr, gerr = ep.Register(gmem, mr.RemoteRead, ofi.HMEMSystem, 0)
+		g.mr, gerr = ep.Register(g.mem, mr.RemoteRead, ofi.HMEMSystem, 0)
 		s.mr, serr = ep.Register(smem, 0, ofi.HMEMSystem, 0)
 	}); err != nil {
 		gerr = err
 	}
 	if gerr != nil || serr != nil {
 		_ = b.loop.Do(func() { _ = g.mr.Close(); _ = s.mr.Close() })
-		_ = mr.Free(gmem)
+		g.mr = nil
 		_ = mr.Free(smem)
 		if gerr == nil {
 			gerr = serr
 		}
-		return nil, nil, fmt.Errorf("shm guard table: %w", gerr)
+		return nil, fmt.Errorf("shm guard table: %w", gerr)
 	}
-	g.base = mr.RemoteAddr(b.virtAddr, uintptr(unsafe.Pointer(&gmem[0])), 0)
-	return g, s, nil
+	return s, nil
 }
 
-// closeGuard deregisters (on the loop) and frees the guard memory.
-func closeGuard(g *guardTable, s *scratchPool) {
+// closeGuardMRs deregisters the table and the scratch space (on the shm
+// loop, before its endpoint closes).
+func closeGuardMRs(g *guardTable, s *scratchPool) {
 	_ = g.mr.Close()
 	_ = s.mr.Close()
 }
 
-func freeGuard(g *guardTable, s *scratchPool) {
-	_ = mr.Free(g.mem)
-	_ = mr.Free(s.mem)
-}
-
 // checkEntry compares a guard entry, as read from the owner, with what a
-// handle claims and what the op needs.
+// handle claims and what the op needs. On the cma path the entry must also
+// name the handle's table (cma has no memory keys of its own).
 func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) error {
 	w := func(i int) uint64 { return binary.LittleEndian.Uint64(entry[8*i:]) }
+	key := w(gwKey)
+	if ep.provider == cmaProvider {
+		if w(gwTable) != ep.guard.key {
+			return fmt.Errorf("%w: no guard table of buffer %d's owner at the handle's address (the owner exited?)", ErrStaleHandle, r.id)
+		}
+		key = w(gwCMAKey)
+	}
 	switch {
 	case w(gwGen) != ep.guard.gen || w(gwID) != r.id:
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, r.id)
-	case w(gwKey) != ep.key || w(gwBase) != ep.base || w(gwSize) != r.size:
+	case key != ep.key || w(gwBase) != ep.base || w(gwSize) != r.size:
 		return fmt.Errorf("%w: key, address or size of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
 	case !mr.Access(w(gwAccess)).Allows(need):
 		return fmt.Errorf("%w: the owner registered buffer %d as %s, the op needs %s", ErrAccessDenied, r.id, mr.Access(w(gwAccess)), need)
@@ -222,7 +235,12 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		return err
 	}
 	x := m.newXfer(b)
-	defer x.release()
+	release := true
+	defer func() {
+		if release {
+			x.release()
+		}
+	}()
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
 	x.pid, j.Check = shmPeerPID(name), peerAlive
@@ -257,7 +275,10 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 	if err := x.submit(); err != nil {
 		return err
 	}
-	b.loop.Wait(ctx, j)
+	if err := b.loop.Wait(ctx, j); err != nil {
+		release = false // the wedged loop keeps the job and the scratch it reads into
+		return err
+	}
 	if len(j.Errs) > 0 {
 		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks),
 			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/mr"
 )
 
 // Manager owns the endpoints of this process (one per backend), the
@@ -23,9 +25,12 @@ type Manager struct {
 	id       ID
 	node     ID
 	log      zerolog.Logger
-	backends []*backend
-	sameNode *backend // nil when none (e.g. WithProviders without shm)
-	remote   *backend // nil when none
+	backends []*backend // the libfabric endpoints
+	sameNode *backend   // shm; nil when none
+	remote   *backend   // nil when none
+	cmaB     *backend   // the cma path; nil when not used
+	guard    *guardTable
+	reach    cmaReach
 
 	mu     sync.RWMutex // read-held while a transfer or registration is set up
 	closed bool
@@ -55,9 +60,18 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		role   string
 	}
 	var picks []pick
+	useCMA, cmaWhy := cmaAvailable()
 	if len(cfg.providers) > 0 {
+		useCMA = false
 		for _, p := range cfg.providers {
 			p = canonicalProvider(p)
+			if p == cmaProvider {
+				if ok, why := cmaAvailable(); !ok {
+					return nil, fmt.Errorf("the cma path is not used here: %s", why)
+				}
+				useCMA = true
+				continue
+			}
 			in := firstRMA(infos, p)
 			if in == nil {
 				return nil, fmt.Errorf("provider %q offers no RDM endpoint with RMA here (found: %s); see `fitransfer doctor`", p, providerList(infos))
@@ -101,6 +115,27 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			m.remote = b
 		}
 	}
+	if useCMA {
+		m.cmaB = &backend{index: -1, provider: cmaProvider, cma: true, role: "same node",
+			reason: "cma: process_vm_readv/writev by fitransfer (libfabric 1.x's shm can deadlock a target whose initiator dies mid-copy)"}
+		if len(cfg.providers) > 0 {
+			m.cmaB.role, m.cmaB.reason = "forced", "requested with WithProviders"
+		}
+	} else if len(cfg.providers) == 0 {
+		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
+	}
+	if m.cmaB != nil || m.sameNode != nil {
+		if m.guard, err = newGuardTable(); err != nil {
+			m.Close()
+			return nil, err
+		}
+		if m.sameNode != nil {
+			if m.sameNode.scratch, err = registerGuard(m.guard, m.sameNode); err != nil {
+				m.Close()
+				return nil, err
+			}
+		}
+	}
 	return m, nil
 }
 
@@ -136,14 +171,7 @@ func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*back
 		return nil, err
 	}
 	loop := completion.Start(ep, m.cfg.poll, m.log)
-	b := newBackend(index, ep, loop, reason, role, m.cfg.chunk)
-	if b.provider == "shm" {
-		if b.guard, b.scratch, err = newGuard(b); err != nil {
-			loop.Close(nil)
-			return nil, err
-		}
-	}
-	return b, nil
+	return newBackend(index, ep, loop, reason, role, m.cfg.chunk), nil
 }
 
 func canonicalProvider(p string) string {
@@ -208,11 +236,14 @@ func (m *Manager) ID() ID { return m.id }
 
 // Backends lists the transports this manager opened, with why.
 func (m *Manager) Backends() []Backend {
-	out := make([]Backend, len(m.backends))
-	for i, b := range m.backends {
-		out[i] = Backend{Provider: b.provider, Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
+	var out []Backend
+	if b := m.cmaB; b != nil {
+		out = append(out, Backend{Provider: b.provider, Role: b.role, Reason: b.reason, Address: cmaPeer(os.Getpid())})
+	}
+	for _, b := range m.backends {
+		out = append(out, Backend{Provider: b.provider, Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
 			Role: b.role, Reason: b.reason,
-			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()}
+			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()})
 	}
 	return out
 }
@@ -236,8 +267,11 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 		return Route{Backend: string(fabric.BackendMemcpy), Locality: loc, Reason: "the buffer belongs to this manager"}, nil
 	}
 	reason := fmt.Sprintf("owner is on %s; both ends have %s", loc, ep.provider)
-	if loc == fabric.SameNode && b.provider != "shm" {
-		reason += " (no shm on one side)"
+	if loc == fabric.SameNode && b.provider != "shm" && !b.cma {
+		reason += " (neither cma nor shm on both sides)"
+	}
+	if b.cma {
+		return Route{Backend: b.provider, Locality: loc, Reason: reason, Peer: cmaPeer(cmaPID(ep.name))}, nil
 	}
 	return Route{Backend: b.provider, Locality: loc, Reason: reason,
 		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
@@ -268,6 +302,10 @@ func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, 
 		return b, ep, loc, nil
 	}
 	if loc == fabric.SameNode {
+		if ep := r.endpoint(cmaProvider); m.cmaB != nil && ep != nil && ep.guard != nil &&
+			m.reach.reaches(cmaPID(ep.name), ep.guard.table) {
+			return m.cmaB, ep, loc, nil
+		}
 		if b, ep, _, _ := try(m.sameNode); b != nil {
 			return b, ep, loc, nil
 		}
@@ -286,6 +324,9 @@ func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, 
 	var local []string
 	for _, b := range m.backends {
 		local = append(local, b.provider)
+	}
+	if m.cmaB != nil {
+		local = append(local, cmaProvider)
 	}
 	return nil, nil, loc, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, loc, r.Providers(), local)
 }
@@ -322,18 +363,26 @@ func (m *Manager) Close() error {
 			for _, st := range bufs {
 				st.closeMR(b.index)
 			}
-			if b.guard != nil {
-				closeGuard(b.guard, b.scratch)
+			if b.scratch != nil {
+				closeGuardMRs(m.guard, b.scratch)
 			}
 		})
 	}
 	for _, st := range bufs {
 		st.markClosed()
 	}
+	wedged := false
 	for _, b := range m.backends {
-		if b.guard != nil {
-			freeGuard(b.guard, b.scratch)
+		if !b.loop.Stopped() {
+			wedged = true // its endpoint may still use the memory below
+			continue
 		}
+		if b.scratch != nil {
+			_ = mr.Free(b.scratch.mem)
+		}
+	}
+	if m.guard != nil && !wedged {
+		_ = mr.Free(m.guard.mem)
 	}
 	return nil
 }

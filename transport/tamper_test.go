@@ -1,7 +1,9 @@
 package transport_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,10 +18,14 @@ func tamperKey(t *testing.T, r transport.RemoteBuffer) transport.RemoteBuffer {
 	b, err := json.Marshal(r)
 	require.NoError(t, err)
 	var h map[string]any
-	require.NoError(t, json.Unmarshal(b, &h))
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // 64-bit keys do not survive float64
+	require.NoError(t, dec.Decode(&h))
 	for _, ep := range h["endpoints"].([]any) {
 		e := ep.(map[string]any)
-		e["key"] = e["key"].(float64) + 12345
+		k, err := strconv.ParseUint(string(e["key"].(json.Number)), 10, 64)
+		require.NoError(t, err)
+		e["key"] = json.Number(strconv.FormatUint(k^0x5a5a5a5a, 10))
 	}
 	b, err = json.Marshal(h)
 	require.NoError(t, err)

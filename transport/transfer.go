@@ -100,7 +100,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	for i := range ops {
 		o := &ops[i]
 		total += o.remote.n
-		if o.b == nil {
+		if o.b == nil || o.b.cma {
+			continue
+		}
+		if err := o.b.loop.Wedged(); err != nil {
+			errs = append(errs, err)
+			failed++
 			continue
 		}
 		x := m.newXfer(o.b)
@@ -120,13 +125,21 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		o.submitted = true
 	}
 	m.releaseManager()
-	// Same-manager ops are copies, done while the network ones fly.
+	// Same-manager and cma ops are copies, done while the others fly.
 	for i := range ops {
-		if o := &ops[i]; o.b == nil {
-			if err := o.copy(); err != nil {
-				errs = append(errs, err)
-				failed++
-			}
+		o := &ops[i]
+		var err error
+		switch {
+		case o.b == nil:
+			err = o.copy()
+		case o.b.cma:
+			err = cmaCopy(ctx, o)
+		default:
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			failed++
 		}
 	}
 	attempted := 0
@@ -137,7 +150,13 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		}
 		j := o.x.job
 		if o.submitted {
-			o.b.loop.Wait(ctx, j)
+			if err := o.b.loop.Wait(ctx, j); err != nil {
+				// Wedged: the job stays the loop's; its xfer is left.
+				errs = append(errs, err)
+				failed++
+				o.x, o.submitted = nil, false
+				continue
+			}
 		}
 		attempted += j.Attempted
 		for _, e := range j.Errs {
@@ -188,7 +207,11 @@ func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
 			if err := m.bindTarget(o); err != nil {
 				return err
 			}
-		case b.guard != nil:
+		case b.cma:
+			if err := cmaCheck(o); err != nil {
+				return err
+			}
+		case b.scratch != nil:
 			if ep.guard == nil {
 				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
 			}
@@ -264,8 +287,12 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	if o.op == completion.Write {
 		j.Flags = m.writeFlags(b, &p, o.ep)
 	}
-	if b.provider == "shm" {
+	switch b.provider {
+	case "shm":
 		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
+	case "tcp;ofi_rxm":
+		x.probe.reset(sockaddrHostPort(o.ep.name))
+		j.Check = tcpPeerAlive
 	}
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()

@@ -26,7 +26,8 @@ type xfer struct {
 	local   *bufState
 	target  *bufState // memcpy only
 	scratch []uint32
-	pid     int // shm: the peer's process, for peerAlive
+	pid     int      // shm: the peer's process, for peerAlive
+	probe   tcpProbe // tcp: the stall watch
 }
 
 var xferPool = sync.Pool{New: func() any {

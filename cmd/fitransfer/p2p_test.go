@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,9 +25,27 @@ func cliCommand(t *testing.T, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// syncLog is output collected by one goroutine and read by another.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) add(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // startServer runs `fitransfer serve` in another process on a free
 // loopback port and returns its address and its output so far.
-func startServer(t *testing.T, args ...string) (string, *strings.Builder) {
+func startServer(t *testing.T, args ...string) (string, *syncLog) {
 	t.Helper()
 	cmd := cliCommand(t, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	out, err := cmd.StdoutPipe()
@@ -43,7 +62,7 @@ func startServer(t *testing.T, args ...string) (string, *strings.Builder) {
 			_ = cmd.Process.Kill()
 		}
 	})
-	var log strings.Builder
+	log := &syncLog{}
 	first := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -51,12 +70,12 @@ func startServer(t *testing.T, args ...string) (string, *strings.Builder) {
 			if strings.HasPrefix(sc.Text(), "listening on ") {
 				first <- sc.Text()
 			}
-			log.WriteString(sc.Text() + "\n")
+			log.add(sc.Text() + "\n")
 		}
 	}()
 	select {
 	case l := <-first:
-		return strings.Fields(l)[2], &log
+		return strings.Fields(l)[2], log
 	case <-time.After(30 * time.Second):
 		t.Fatal("server did not start")
 	}
@@ -142,7 +161,7 @@ func TestPointToPointErrors(t *testing.T) {
 		{"size over the server's buffer", []string{"write", small, "-S", "64k"}, exitFail, []string{"larger than the server's 4096-byte buffer", "--size"}},
 		{"pingpong needs twice the size", []string{"pingpong", small, "-S", "4k"}, exitFail, []string{"--size 8192"}},
 		{"no common provider", []string{"read", shmOnly, "-p", "tcp"}, exitFail, []string{"no route", "common -p provider"}},
-		{"server never answers", []string{"read", silent.Addr().String(), "--timeout", "1s"}, exitFail, []string{"timeout"}},
+		{"server never answers", []string{"read", silent.Addr().String(), "--timeout", "1s"}, exitFail, []string{"did not answer within 1s"}},
 		{"bad size", []string{"read", small, "-S", "lots"}, exitUsage, []string{`bad size "lots"`}},
 		{"no host", []string{"write"}, exitUsage, []string{"want one HOST[:PORT]"}},
 		{"bad window", []string{"write", small, "-W", "0"}, exitUsage, []string{"-W >= 1"}},

@@ -66,6 +66,8 @@ func Sum(b []byte) string {
 
 type request struct {
 	Cmd    string `json:"cmd"`
+	Op     string `json:"op"`
+	Handle []byte `json:"handle"`
 	Buf    int    `json:"buf"`
 	Off    uint64 `json:"off"`
 	Len    uint64 `json:"len"`
@@ -75,6 +77,7 @@ type request struct {
 }
 
 type reply struct {
+	Stats  *Stats `json:"stats,omitempty"`
 	Handle []byte `json:"handle,omitempty"`
 	Addr   uint64 `json:"addr,omitempty"`
 	Sum    string `json:"sum,omitempty"`
@@ -147,6 +150,33 @@ func child(in io.Reader, out io.Writer) int {
 			Fill(mems[req.Buf], req.Seed)
 		case "close":
 			err = bufs[req.Buf].Close()
+		case "xfer", "loop":
+			var h transport.RemoteBuffer
+			if err = h.UnmarshalBinary(req.Handle); err != nil {
+				break
+			}
+			if h.Len() > uint64(len(mems[req.Buf])) {
+				err = fmt.Errorf("handle of %d bytes, local buffer %d", h.Len(), len(mems[req.Buf]))
+				break
+			}
+			local, _ := bufs[req.Buf].Slice(0, h.Len())
+			xfer := func() error {
+				if req.Op == "write" {
+					return m.WriteFrom(context.Background(), h, local)
+				}
+				return m.ReadInto(context.Background(), local, h)
+			}
+			if req.Cmd == "xfer" {
+				err = xfer()
+				break
+			}
+			go func() {
+				for xfer() == nil {
+				}
+			}()
+		case "stats":
+			st := TakeStats()
+			rep.Stats = &st
 		case "exit":
 			_ = enc.Encode(rep)
 			return 0
@@ -240,6 +270,29 @@ func (p *Peer) do(req request) reply {
 	return rep
 }
 
+// Stats returns the child's goroutine, file descriptor and memory figures.
+func (p *Peer) Stats() Stats {
+	p.t.Helper()
+	return *p.do(request{Cmd: "stats"}).Stats
+}
+
+// TryRegister is Register that returns the child's error instead of
+// failing the test.
+func (p *Peer) TryRegister(size int, access mr.Access, seed uint64) (transport.RemoteBuffer, error) {
+	p.t.Helper()
+	b, _ := json.Marshal(request{Cmd: "register", Size: size, Access: uint8(access), Seed: seed})
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("test peer: %v", err)
+	}
+	rep, err := p.read()
+	if err != nil {
+		return transport.RemoteBuffer{}, err
+	}
+	p.addrs = append(p.addrs, rep.Addr)
+	var r transport.RemoteBuffer
+	return r, r.UnmarshalBinary(rep.Handle)
+}
+
 // Register makes the child register size bytes of the pattern of seed and
 // returns the handle.
 func (p *Peer) Register(size int, access mr.Access, seed uint64) transport.RemoteBuffer {
@@ -278,6 +331,33 @@ func (p *Peer) FillBuf(buf int, seed uint64) {
 func (p *Peer) CloseBuf(buf int) {
 	p.t.Helper()
 	p.do(request{Cmd: "close", Buf: buf})
+}
+
+// Transfer makes the child read (op "read") the remote buffer h into its
+// buffer buf, or write buf to it; it returns the child's error, or nil.
+func (p *Peer) Transfer(op string, buf int, h transport.RemoteBuffer) error {
+	p.t.Helper()
+	hb, err := h.MarshalBinary()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	b, _ := json.Marshal(request{Cmd: "xfer", Op: op, Buf: buf, Handle: hb})
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("test peer: %v", err)
+	}
+	_, err = p.read()
+	return err
+}
+
+// Loop makes the child transfer with h over and over, in the background,
+// until it is killed or a transfer fails.
+func (p *Peer) Loop(op string, buf int, h transport.RemoteBuffer) {
+	p.t.Helper()
+	hb, err := h.MarshalBinary()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.do(request{Cmd: "loop", Op: op, Buf: buf, Handle: hb})
 }
 
 // Signal sends sig to the child.

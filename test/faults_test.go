@@ -1,0 +1,268 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// The fault matrix: for read and write, over shm and tcp;ofi_rxm, with
+// real processes. Every case must end in an error naming the peer and the
+// cause, within the deadline, without goroutines left behind, and with a
+// manager that still works for other peers.
+
+// cma is fitransfer's own process_vm path (the same-node default on
+// libfabric 1.x), shm libfabric's provider, tcp;ofi_rxm the network one.
+var providers = []string{"cma", "shm", "tcp;ofi_rxm"}
+
+const big = 64 << 20
+
+func newManager(t *testing.T, opts ...transport.Option) *transport.Manager {
+	m, err := transport.New(context.Background(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func register(t *testing.T, m *transport.Manager, n int, access mr.Access) (*transport.Buffer, []byte) {
+	mem, err := mr.Alloc(n)
+	require.NoError(t, err)
+	b, err := m.Register(mem, access)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(); _ = mr.Free(mem) })
+	return b, mem
+}
+
+func transfer(ctx context.Context, m *transport.Manager, op string, local *transport.Buffer, remote transport.RemoteBuffer) error {
+	if op == "write" {
+		return m.WriteFrom(ctx, remote, local)
+	}
+	return m.ReadInto(ctx, local, remote)
+}
+
+// goroutinesSettle waits until the process has no more goroutines than
+// before.
+func goroutinesSettle(t *testing.T, before int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines left behind: %d, was %d:\n%s", runtime.NumGoroutine(), before, buf)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// peerOf is the address an error about h's owner must name.
+func peerOf(t *testing.T, m *transport.Manager, h transport.RemoteBuffer) string {
+	r, err := m.Route(h)
+	require.NoError(t, err)
+	require.NotEmpty(t, r.Peer)
+	return r.Peer
+}
+
+func TestOwnerKilled(t *testing.T) {
+	for _, prov := range providers {
+		for _, op := range []string{"read", "write"} {
+			t.Run(prov+"/"+op, func(t *testing.T) {
+				m := newManager(t, transport.WithProviders(prov))
+				victim, survivor := testpeer.Start(t, prov), testpeer.Start(t, prov)
+				h := victim.Register(big, mr.ReadWrite, 1)
+				other := survivor.Register(4096, mr.ReadWrite, 2)
+				local, _ := register(t, m, big, mr.ReadWrite)
+				peer := peerOf(t, m, h)
+				before := runtime.NumGoroutine()
+
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				errc := make(chan error, 1)
+				go func() {
+					var err error
+					for err == nil {
+						err = transfer(ctx, m, op, local, h)
+					}
+					errc <- err
+				}()
+				time.Sleep(200 * time.Millisecond)
+				start := time.Now()
+				victim.Kill()
+				var err error
+				select {
+				case err = <-errc:
+				case <-time.After(30 * time.Second):
+					t.Fatal("the transfer hangs after its owner was killed")
+				}
+				t.Logf("%v after the kill: %v", time.Since(start).Round(time.Millisecond), err)
+				assert.Less(t, time.Since(start), 15*time.Second, "an error well within the deadline")
+				assert.Contains(t, err.Error(), peer, "the error names the peer")
+				var gone *completion.PeerGoneError
+				var ce *completion.Error
+				switch {
+				case errors.As(err, &gone):
+					assert.NotEmpty(t, gone.Cause)
+					assert.Contains(t, err.Error(), "the peer is gone")
+				case errors.As(err, &ce):
+					assert.Contains(t, err.Error(), "connection to the peer is gone")
+				default:
+					t.Errorf("the error does not say the peer is gone: %v", err)
+				}
+				goroutinesSettle(t, before)
+				l4k, _ := local.Slice(0, 4096)
+				require.NoError(t, transfer(context.Background(), m, op, l4k, other), "the manager still works with another peer")
+			})
+		}
+	}
+}
+
+func TestInitiatorKilled(t *testing.T) {
+	for _, prov := range providers {
+		for _, op := range []string{"read", "write"} {
+			t.Run(prov+"/"+op, func(t *testing.T) {
+				// The owner is a child too: on libfabric 1.x a dead
+				// initiator can leave an shm owner spinning in libfabric,
+				// which must not take this test process with it.
+				owner := testpeer.Start(t, prov)
+				h := owner.Register(big, mr.ReadWrite, 5)
+				before := owner.Stats()
+
+				victim := testpeer.Start(t, prov)
+				victim.Register(big, mr.ReadWrite, 6)
+				victim.Loop(op, 0, h)
+				time.Sleep(300 * time.Millisecond)
+				victim.Kill()
+
+				// The owner still answers: a registration needs its
+				// endpoints.
+				start := time.Now()
+				_, err := owner.TryRegister(4096, mr.ReadWrite, 8)
+				if err != nil {
+					t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+					require.Equal(t, "shm", prov, "only libfabric 1.x's shm can leave the owner stuck")
+					assert.Contains(t, err.Error(), "stuck inside libfabric")
+					assert.Contains(t, err.Error(), "a peer process held when it died")
+					assert.Less(t, time.Since(start), 30*time.Second, "the owner reports it instead of hanging")
+					return
+				}
+				other := testpeer.Start(t, prov)
+				other.Register(4096, mr.ReadWrite, 7)
+				small, err := h.Slice(0, 4096)
+				require.NoError(t, err)
+				require.NoError(t, other.Transfer("write", 0, small), "the owner serves another initiator")
+				assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 7)), owner.Sum(0, 0, 4096))
+				require.NoError(t, other.Transfer("read", 0, small))
+				after := owner.Stats()
+				assert.LessOrEqual(t, after.Goroutines, before.Goroutines+1, "no goroutines left behind in the owner")
+			})
+		}
+	}
+}
+
+func TestOwnerStopped(t *testing.T) {
+	for _, prov := range providers {
+		for _, op := range []string{"read", "write"} {
+			t.Run(prov+"/"+op, func(t *testing.T) {
+				const deadline = 2 * time.Second
+				m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(deadline))
+				owner := testpeer.Start(t, prov)
+				h := owner.Register(1<<20, mr.ReadWrite, 1)
+				local, _ := register(t, m, 1<<20, mr.ReadWrite)
+				require.NoError(t, transfer(context.Background(), m, op, local, h))
+				peer := peerOf(t, m, h)
+				before := runtime.NumGoroutine()
+
+				owner.Stop()
+				start := time.Now()
+				err := transfer(context.Background(), m, op, local, h)
+				took := time.Since(start)
+				owner.Continue()
+				switch {
+				case err == nil && (prov == "shm" || prov == "cma"):
+					t.Logf("%s: completed with the owner stopped: process_vm_readv/writev does not need it to run", prov)
+				case err == nil:
+					t.Fatalf("%s %s completed although the owner cannot progress", prov, op)
+				default:
+					t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+					assert.ErrorIs(t, err, context.DeadlineExceeded)
+					assert.Contains(t, err.Error(), peer)
+					assert.Contains(t, err.Error(), "timed out")
+					assert.Less(t, took, deadline+3*time.Second, "the error comes at the deadline")
+				}
+				goroutinesSettle(t, before)
+				require.Eventually(t, func() bool { return transfer(context.Background(), m, op, local, h) == nil },
+					20*time.Second, 100*time.Millisecond, "a new transfer works after SIGCONT")
+			})
+		}
+	}
+}
+
+func TestLinkCut(t *testing.T) {
+	h := newHosts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := startServer(t, ctx, h.a, h.aIP, "--size", "64m")
+	for _, op := range []string{"write", "read"} {
+		t.Run(op, func(t *testing.T) {
+			cmd := in(ctx, h.b, op, srv.addr, "-p", "tcp", "-s", h.bIP, "-S", "64m", "-I", "100000", "--timeout", "3s")
+			errPipe, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			var mu sync.Mutex
+			var stderr strings.Builder
+			connected, eof := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(eof)
+				sc := bufio.NewScanner(errPipe)
+				once := sync.Once{}
+				for sc.Scan() {
+					mu.Lock()
+					stderr.WriteString(sc.Text() + "\n")
+					mu.Unlock()
+					if strings.Contains(sc.Text(), " peer ") {
+						once.Do(func() { close(connected) })
+					}
+				}
+			}()
+			select {
+			case <-connected:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the client did not connect")
+			}
+			time.Sleep(time.Second) // transfers under way
+			require.NoError(t, runCmd("ip", "-n", h.a, "link", "set", h.vethA, "down"))
+			start := time.Now()
+			select {
+			case <-eof:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatal("the client hangs after the link was cut")
+			}
+			err = cmd.Wait()
+			mu.Lock()
+			msg := stderr.String()
+			mu.Unlock()
+			t.Logf("%v after the cut: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(msg))
+			require.Error(t, err)
+			assert.Contains(t, msg, h.aIP, "the error names the peer")
+			assert.Contains(t, msg, "timed out")
+			require.NoError(t, runCmd("ip", "-n", h.a, "link", "set", h.vethA, "up"))
+			// The server's manager still works, for a new client.
+			out, err := in(ctx, h.b, op, srv.addr, "-p", "tcp", "-s", h.bIP, "-S", "1m", "-I", "20", "-v").CombinedOutput()
+			require.NoError(t, err, string(out))
+		})
+	}
+}

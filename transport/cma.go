@@ -1,0 +1,191 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// The cma path: same-node transfers done by fitransfer itself with
+// process_vm_readv / process_vm_writev, on libfabric 1.x.
+//
+// libfabric 1.x's shm provider takes the *target's* region spin lock in
+// the initiator while it copies (prov/shm/src/smr_rma.c, smr_generic_rma:
+// pthread_spin_lock(&peer_smr->lock) around smr_rma_fast). An initiator
+// killed inside that section leaves the lock held for good: the target's
+// next progress call, and every other initiator's next op to it, spin
+// forever (seen here with SIGKILL during 64 MiB transfers). 2.x's shm has
+// no such lock (its RMA path takes only the initiator's own endpoint lock).
+//
+// So on 1.x, when process_vm_readv reaches the peer, fitransfer copies the
+// bytes itself — the same single copy shm would do, without shared locks,
+// without the owner's progress and without shm's per-op notification. The
+// owner's guard table (guard.go) is read the same way before each
+// transfer. The copy is synchronous: when it returns, the bytes are in
+// the destination process's memory, so a write is delivery-complete.
+// Peers it does not reach (another pid namespace, ptrace restrictions) go
+// over shm.
+
+const (
+	cmaProvider = "cma"
+	cmaChunk    = 64 << 20 // bytes per system call, so that a context is checked in between
+)
+
+var cmaPath struct {
+	once sync.Once
+	ok   bool
+	why  string
+}
+
+// cmaAvailable reports whether this process uses the cma path, and why
+// not when it does not.
+func cmaAvailable() (bool, string) {
+	cmaPath.once.Do(func() {
+		scope := strings.TrimSpace(readTrimmed("/proc/sys/kernel/yama/ptrace_scope"))
+		switch {
+		case ofi.RuntimeVersion().Major() != 1:
+			cmaPath.why = "libfabric " + ofi.RuntimeVersion().String() + "'s shm has no shared lock on the RMA path"
+		case os.Getenv("FITRANSFER_CMA") == "0":
+			cmaPath.why = "disabled by FITRANSFER_CMA=0"
+		case scope != "" && scope != "0":
+			cmaPath.why = "yama ptrace_scope=" + scope + " restricts process_vm_readv"
+		default:
+			cmaPath.ok = true
+		}
+	})
+	return cmaPath.ok, cmaPath.why
+}
+
+func cmaName(pid int) []byte { return []byte(strconv.Itoa(pid)) }
+
+func cmaPID(name []byte) int {
+	pid, err := strconv.Atoi(string(name))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// cmaReach says, per peer process, whether process_vm_readv reaches it.
+type cmaReach struct {
+	mu   sync.Mutex
+	seen map[int]bool
+}
+
+// reaches probes pid once (reading one byte at addr) and remembers.
+func (c *cmaReach) reaches(pid int, addr uint64) bool {
+	c.mu.Lock()
+	ok, known := c.seen[pid]
+	c.mu.Unlock()
+	if known {
+		return ok
+	}
+	var b [1]byte
+	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &b[0], Len: 1}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: 1}}, 0)
+	ok = err == nil && n == 1
+	c.mu.Lock()
+	if c.seen == nil {
+		c.seen = map[int]bool{}
+	}
+	c.seen[pid] = ok
+	c.mu.Unlock()
+	return ok
+}
+
+// CMAError is a failed cma copy.
+type CMAError struct {
+	Op     completion.Op
+	Peer   string
+	Offset uint64
+	Len    uint64
+	Errno  syscall.Errno
+}
+
+func (e *CMAError) Error() string {
+	hint := ""
+	switch e.Errno {
+	case unix.EFAULT:
+		hint = ": the owner's memory at the handle's address is not mapped (its buffer was freed while registered)"
+	case unix.EPERM:
+		hint = ": process_vm_readv/writev is not permitted between these processes (ptrace restrictions)"
+	}
+	return fmt.Sprintf("%s of %d bytes at offset %d with %s over cma failed: %v%s", e.Op, e.Len, e.Offset, e.Peer, e.Errno, hint)
+}
+
+// Unwrap exposes the errno.
+func (e *CMAError) Unwrap() error { return e.Errno }
+
+// cmaPeer is how errors name a cma peer.
+func cmaPeer(pid int) string { return "process " + strconv.Itoa(pid) }
+
+// cmaError turns a system call error into the error of the op.
+func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno == unix.ESRCH {
+		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid),
+			Cause: "process " + strconv.Itoa(pid) + " no longer exists"}
+	}
+	if errors.As(err, &errno) {
+		return &CMAError{Op: op, Peer: cmaPeer(pid), Offset: off, Len: n, Errno: errno}
+	}
+	return err
+}
+
+// cmaCheck reads the buffer's guard entry from its owner and checks the
+// handle and the op against it.
+func cmaCheck(o *opSpec) error {
+	pid := cmaPID(o.ep.name)
+	var entry [guardEntrySize]byte
+	addr := o.ep.guard.table + uint64(o.ep.guard.slot)*guardEntrySize
+	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &entry[0], Len: guardEntrySize}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: guardEntrySize}}, 0)
+	if err != nil {
+		return cmaError(o.op, pid, 0, o.remote.n, err)
+	}
+	if n != guardEntrySize {
+		return &CMAError{Op: o.op, Peer: cmaPeer(pid), Len: guardEntrySize, Errno: unix.EFAULT}
+	}
+	return checkEntry(entry[:], &o.remote, o.ep, need(o.op))
+}
+
+// cmaCopy moves the op's bytes, in chunks, checking ctx in between.
+func cmaCopy(ctx context.Context, o *opSpec) error {
+	pid := cmaPID(o.ep.name)
+	local := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
+	remote := o.ep.base + o.remote.off
+	for off := uint64(0); off < o.remote.n; {
+		if err := ctx.Err(); err != nil {
+			return &completion.TimeoutError{Op: o.op, Provider: cmaProvider, Peer: cmaPeer(pid), Bytes: o.remote.n,
+				Completed: int(off / cmaChunk), Total: int((o.remote.n + cmaChunk - 1) / cmaChunk), Cause: err}
+		}
+		n := min(o.remote.n-off, cmaChunk)
+		liov := []unix.Iovec{{Base: &local[off], Len: n}}
+		riov := []unix.RemoteIovec{{Base: uintptr(remote + off), Len: int(n)}}
+		var done int
+		var err error
+		if o.op == completion.Write {
+			done, err = unix.ProcessVMWritev(pid, liov, riov, 0)
+		} else {
+			done, err = unix.ProcessVMReadv(pid, liov, riov, 0)
+		}
+		if err != nil {
+			return cmaError(o.op, pid, off, n, err)
+		}
+		if done == 0 {
+			return &CMAError{Op: o.op, Peer: cmaPeer(pid), Offset: off, Len: n, Errno: unix.EFAULT}
+		}
+		off += uint64(done)
+	}
+	return nil
+}
