@@ -24,7 +24,9 @@ addr=$(awk '/^listening on/ {print $3; exit}' "$out")
 [ -n "$addr" ] || { cat "$out"; echo "demo: no server address" >&2; exit 1; }
 echo "server: $(head -n 1 "$out")"
 
-for p in shm tcp; do
+# cma: same node, fitransfer's own process_vm path (the default on
+# libfabric 1.x); shm: libfabric's shm provider; tcp: tcp;ofi_rxm.
+for p in cma shm tcp; do
 	echo
 	echo "== $p: write (the server checks every byte)"
 	"$bin" write "$addr" -p "$p" -S 4k,64k,1m -I 200 --verify

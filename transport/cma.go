@@ -189,3 +189,8 @@ func cmaCopy(ctx context.Context, o *opSpec) error {
 	}
 	return nil
 }
+
+// CMAAvailable reports whether managers of this process move same-node
+// bytes themselves with process_vm_readv/writev (the cma path), and why
+// not when they do not.
+func CMAAvailable() (bool, string) { return cmaAvailable() }

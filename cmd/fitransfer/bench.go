@@ -20,6 +20,7 @@ import (
 	"github.com/fitransfer/fitransfer/bootstrap"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/perftest"
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 // benchRow is one line of the bench table: our figures and, with
@@ -36,7 +37,7 @@ type benchRow struct {
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fitransfer bench", flag.ContinueOnError)
-	providers := fs.String("providers", "", "providers to sweep, comma-separated (default: every usable one of shm, tcp;ofi_rxm, efa)")
+	providers := fs.String("providers", "", "providers to sweep, comma-separated (default: every usable one of cma, shm, tcp;ofi_rxm, efa)")
 	sizes := fs.String("S", "8,4k,64k,1m", "sizes (as read/write -S, or a comma-separated list)")
 	iters := fs.Int("I", 0, "iterations per size (default: fabtests' per size)")
 	warmup := fs.Int("w", 10, "warm-up iterations per size")
@@ -103,6 +104,9 @@ func benchProviders(spec string) ([]string, error) {
 		return nil, err
 	}
 	var out []string
+	if ok, _ := transport.CMAAvailable(); ok {
+		out = append(out, "cma")
+	}
 	for _, want := range []string{"shm", string(fabric.BackendTCP), "efa"} {
 		for _, in := range infos {
 			if in.Fabric.ProvName == want && !contains(out, want) {
@@ -287,9 +291,14 @@ func comparePeer(ctx context.Context, r *benchRow, warmup, window, repeat int, f
 		return // no peer tool measures RMA bandwidth without fabtests
 	}
 	r.Peer = filepath.Base(tool)
+	prov := r.Provider
+	if prov == "cma" {
+		prov = "shm" // the peer tools' same-node provider
+		r.Peer += " (shm)"
+	}
 	var mbs, usecs []float64
 	for i := 0; i < repeat; i++ {
-		mbps, usec, err := runPeerTool(ctx, tool, append([]string{"-p", r.Provider}, args...), timeout)
+		mbps, usec, err := runPeerTool(ctx, tool, append([]string{"-p", prov}, args...), timeout)
 		if err != nil {
 			r.PeerError = oneLine(err)
 			return

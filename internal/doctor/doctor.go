@@ -16,6 +16,7 @@ import (
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 // Status is a check's outcome.
@@ -114,6 +115,12 @@ func Run(o Options) Report {
 	add(checkFIEnv())
 
 	sameNode := route(infos, fabric.SameNode, o.Policy, facts)
+	if ok, _ := transport.CMAAvailable(); ok && sameNode.Backend != "" {
+		// What transport does on libfabric 1.x (transport/cma.go).
+		sameNode.Reason = "process_vm_readv/writev by fitransfer: libfabric 1.x's shm can deadlock a target whose initiator dies mid-copy; " +
+			"shm when CMA does not reach a peer (" + sameNode.Reason + ")"
+		sameNode.Backend = "cma"
+	}
 	remote := route(infos, fabric.Remote, o.Policy, facts)
 	r.Routes = []Route{sameNode, remote}
 	for _, rt := range r.Routes {

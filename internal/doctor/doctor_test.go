@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 func TestMain(m *testing.M) {
@@ -40,7 +41,11 @@ func TestRunOnThisMachine(t *testing.T) {
 	}
 	assert.True(t, r.OK, r.Verdict)
 	assert.Equal(t, Pass, checks["backend-same-node"].Status)
-	assert.Contains(t, checks["backend-same-node"].Detail, "shm")
+	if ok, _ := transport.CMAAvailable(); ok {
+		assert.Contains(t, checks["backend-same-node"].Detail, "cma")
+	} else {
+		assert.Contains(t, checks["backend-same-node"].Detail, "shm")
+	}
 	assert.Equal(t, Pass, checks["shm-cma"].Status, checks["shm-cma"].Detail)
 	assert.Contains(t, checks["providers"].Detail, "tcp")
 }
