@@ -16,7 +16,7 @@ LIBFABRIC_LIBDIR = $(shell pkg-config --variable=libdir libfabric 2>/dev/null)
 export CGO_LDFLAGS += $(if $(LIBFABRIC_LIBDIR),-Wl$(comma)-rpath$(comma)$(LIBFABRIC_LIBDIR))
 comma := ,
 
-.PHONY: deps build test vet demo bench clean
+.PHONY: deps build test vet demo bench soak fuzz clean
 
 deps:
 	@if ! command -v pkg-config >/dev/null || ! pkg-config --exists libfabric \
@@ -45,6 +45,19 @@ demo: build
 bench: build
 	./$(BIN) bench --compare
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
+
+# The reliability runs (docs/RELIABILITY.md): a minute of random
+# transfers with every byte checked, plus 100,000 registrations; and each
+# fuzz target for FUZZTIME.
+SOAK     ?= 60s
+FUZZTIME ?= 60s
+soak: deps
+	$(GO) test -count=1 -timeout 30m -run 'TestSoak|TestChurn' -v ./test -args -soak=$(SOAK) -churn=100000
+
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshalBinary$$' -fuzztime $(FUZZTIME) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshalJSON$$' -fuzztime $(FUZZTIME) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMessage$$' -fuzztime $(FUZZTIME) ./bootstrap
 
 clean:
 	rm -rf bin
