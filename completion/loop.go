@@ -21,7 +21,7 @@ const postBatch = 64
 
 // Chunk is one RMA op of a job: a contiguous piece of the transfer.
 type Chunk struct {
-	Local  unsafe.Pointer // local memory (registered, off the Go heap)
+	Local  uintptr        // local memory address (registered: off the Go heap, or device memory)
 	Desc   unsafe.Pointer // its fi_mr_desc
 	Len    uint64
 	Remote uint64 // remote address (virtual address or offset)

@@ -119,12 +119,12 @@ func (e *Endpoint) ForgetPeer(name []byte) {
 // maxKeyTries bounds the retries when a random key is already taken.
 const maxKeyTries = 16
 
-// Register registers mem (off the Go heap, see package mr) on this
-// endpoint's domain. Without FI_MR_PROV_KEY it asks for a random key and
-// draws again on -FI_ENOKEY; with FI_MR_ENDPOINT it binds the MR to the
-// endpoint. hmemIface and device describe device memory (ofi.HMEMSystem
-// for host memory).
-func (e *Endpoint) Register(mem []byte, access mr.Access, hmemIface, device int) (*ofi.MR, error) {
+// Register registers n bytes at addr (host memory off the Go heap, see
+// package mr, or device memory) on this endpoint's domain. Without
+// FI_MR_PROV_KEY it asks for a random key and draws again on -FI_ENOKEY;
+// with FI_MR_ENDPOINT it binds the MR to the endpoint. iface and device
+// describe device memory (mr.Host for host memory).
+func (e *Endpoint) Register(addr uintptr, n uint64, access mr.Access, iface mr.Iface, device int) (*ofi.MR, error) {
 	var bind *ofi.Endpoint
 	if e.info.Domain.MRMode.Has(fabric.MREndpoint) {
 		bind = e.ep
@@ -135,14 +135,17 @@ func (e *Endpoint) Register(mem []byte, access mr.Access, hmemIface, device int)
 		if !provKey {
 			key = mr.RandomKey(e.info.Domain.MRKeySize)
 		}
-		m, err := e.domain.RegMR(unsafe.Pointer(unsafe.SliceData(mem)), uint64(len(mem)), access.Bits(), key, hmemIface, device, bind)
+		m, err := e.domain.RegMR(addr, n, access.Bits(), key, int(iface), device, bind)
 		if err == nil {
 			return m, nil
 		}
 		if errors.Is(err, ofi.ErrNoKey) && !provKey && try < maxKeyTries {
 			continue
 		}
-		return nil, fmt.Errorf("%s: register %d bytes: %w", e.Provider(), len(mem), err)
+		if iface != mr.Host {
+			return nil, fmt.Errorf("%s: register %d bytes of %v memory (device %d): %w%s", e.Provider(), n, iface, device, err, hmemHint(err))
+		}
+		return nil, fmt.Errorf("%s: register %d bytes: %w", e.Provider(), n, err)
 	}
 }
 
@@ -180,3 +183,16 @@ func waitsOnTraffic(info *fabric.Info) bool {
 
 // Waitable reports whether the progress loop may block in fi_cq_sread.
 func (e *Endpoint) Waitable() bool { return e.ep.Waitable() }
+
+// hmemHint explains a failed device memory registration.
+func hmemHint(err error) string {
+	if errors.Is(err, ofi.ErrNoSys) || errors.Is(err, ofi.ErrOpNotSupp) || errors.Is(err, ofi.ErrInval) {
+		return "; this libfabric or machine cannot register that device memory (no CUDA runtime or GPU found, or libfabric built without CUDA support)"
+	}
+	return ""
+}
+
+// RegisterHost registers host memory: Register of mem's bytes.
+func (e *Endpoint) RegisterHost(mem []byte, access mr.Access) (*ofi.MR, error) {
+	return e.Register(uintptr(unsafe.Pointer(unsafe.SliceData(mem))), uint64(len(mem)), access, mr.Host, 0)
+}

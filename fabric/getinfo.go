@@ -126,6 +126,16 @@ const RMACaps = CapMsg | CapRMA | CapRead | CapWrite | CapRemoteRead | CapRemote
 // SupportedMRMode is every memory registration mode fitransfer handles.
 const SupportedMRMode = MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MREndpoint
 
+// WithHMEM adds device memory to hints: the FI_HMEM capability and the
+// FI_MR_HMEM registration mode. fitransfer asks for them only when device
+// memory is wanted (transport.WithDeviceMemory): providers without HMEM
+// support then do not answer.
+func WithHMEM(h *Info) *Info {
+	h.Caps |= CapHMEM
+	h.Domain.MRMode |= MRHMEM
+	return h
+}
+
 // RMAHints are the hints fitransfer asks providers with: an RDM endpoint
 // with RMACaps, the MR modes it supports, FI_AV_TABLE and the op-context
 // modes (it passes an fi_context2 with every op). It never hints

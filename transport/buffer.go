@@ -23,7 +23,11 @@ type Buffer struct {
 type bufState struct {
 	m      *Manager
 	id     uint64
-	mem    []byte
+	mem    []byte  // host memory; nil for device memory
+	base   uintptr // address of the registration (off the Go heap, or device memory)
+	size   uint64
+	iface  mr.Iface // mr.Host, or device memory
+	device int
 	access mr.Access
 	mrs    []*ofi.MR  // per backend index
 	eps    []remoteEP // the handle's endpoints
@@ -44,6 +48,27 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	if err := mr.CheckOffHeap(mem); err != nil {
 		return nil, err
 	}
+	return m.register(&bufState{mem: mem, base: uintptr(unsafe.Pointer(unsafe.SliceData(mem))), size: uint64(len(mem)), iface: mr.Host}, access)
+}
+
+// RegisterDevice registers device (GPU) memory on every backend, through
+// the same Buffer type: it needs a manager opened WithDeviceMemory, whose
+// backends were chosen among providers with FI_HMEM. The Buffer's Bytes is
+// nil (fitransfer never touches device memory from the CPU); same-manager
+// copies and the cma path do not apply to it. A completion of a transfer
+// into device memory does not by itself make the bytes visible to kernels
+// running on the device (see docs/EFA.md).
+func (m *Manager) RegisterDevice(d mr.Device, access mr.Access) (*Buffer, error) {
+	if err := d.Check(); err != nil {
+		return nil, err
+	}
+	if !m.cfg.hmem {
+		return nil, fmt.Errorf("%w: open the manager WithDeviceMemory to register %v memory", ErrDeviceMemory, d.Iface)
+	}
+	return m.register(&bufState{base: d.Ptr, size: d.Len, iface: d.Iface, device: d.Device}, access)
+}
+
+func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 	if access&^mr.ReadWrite != 0 {
 		return nil, fmt.Errorf("register: unknown access bits %#x", uint8(access))
 	}
@@ -51,11 +76,13 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 		return nil, err
 	}
 	defer m.releaseManager()
-	st := &bufState{m: m, id: m.nextID.Add(1), mem: mem, access: access, mrs: make([]*ofi.MR, len(m.backends))}
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*ofi.MR, len(m.backends))
+	base := st.base
 	for _, b := range m.backends {
 		var err error
-		if derr := b.loop.Do(func() { st.mrs[b.index], err = b.loop.Endpoint().Register(mem, access, ofi.HMEMSystem, 0) }); derr != nil {
+		if derr := b.loop.Do(func() {
+			st.mrs[b.index], err = b.loop.Endpoint().Register(st.base, st.size, access, st.iface, st.device)
+		}); derr != nil {
 			err = derr
 		}
 		if err != nil {
@@ -71,7 +98,7 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 			shmKey = st.mrs[s.index].Key()
 		}
 		cmaKey := mr.RandomKey(8)
-		slot, gen, err := g.publish(st.id, uint64(base), uint64(len(mem)), shmKey, cmaKey, access)
+		slot, gen, err := g.publish(st.id, uint64(base), st.size, shmKey, cmaKey, access)
 		if err != nil {
 			st.deregister()
 			return nil, err
@@ -82,7 +109,7 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 				st.eps[i].guard = &guardRef{table: g.base, key: g.mr.Key(), slot: slot, gen: gen}
 			}
 		}
-		if m.cmaB != nil {
+		if m.cmaB != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory
 			st.eps = append([]remoteEP{{provider: cmaProvider, name: cmaName(os.Getpid()), key: cmaKey, base: uint64(base),
 				guard: &guardRef{table: g.base, key: g.id, slot: slot, gen: gen}}}, st.eps...)
 		}
@@ -90,11 +117,19 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	m.bufsMu.Lock()
 	m.bufs[st.id] = st
 	m.bufsMu.Unlock()
-	return &Buffer{st: st, n: uint64(len(mem))}, nil
+	return &Buffer{st: st, n: st.size}, nil
 }
 
-// Bytes is the buffer's memory.
-func (b *Buffer) Bytes() []byte { return b.st.mem[b.off : b.off+b.n] }
+// Bytes is the buffer's memory; nil for device memory.
+func (b *Buffer) Bytes() []byte {
+	if b.st.mem == nil {
+		return nil
+	}
+	return b.st.mem[b.off : b.off+b.n]
+}
+
+// Device reports the kind of memory (mr.Host, or device memory).
+func (b *Buffer) Device() mr.Iface { return b.st.iface }
 
 // Len is the buffer's length in bytes.
 func (b *Buffer) Len() uint64 { return b.n }
@@ -114,7 +149,7 @@ func (b *Buffer) Slice(off, n uint64) (*Buffer, error) {
 func (b *Buffer) Remote() RemoteBuffer {
 	st := b.st
 	return RemoteBuffer{node: st.m.node, owner: st.m.id, id: st.id, off: b.off, n: b.n,
-		size: uint64(len(st.mem)), access: st.access, eps: st.eps}
+		size: st.size, access: st.access, eps: st.eps}
 }
 
 // Close deregisters the buffer: peers' later transfers with its handles

@@ -162,7 +162,7 @@ func cmaCheck(o *opSpec) error {
 // cmaCopy moves the op's bytes, in chunks, checking ctx in between.
 func cmaCopy(ctx context.Context, o *opSpec) error {
 	pid := cmaPID(o.ep.name)
-	local := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
+	local := o.local.st.mem[o.local.off : o.local.off+o.remote.n] // host memory: prepare routed device memory elsewhere
 	remote := o.ep.base + o.remote.off
 	for off := uint64(0); off < o.remote.n; {
 		if err := ctx.Err(); err != nil {

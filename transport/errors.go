@@ -31,6 +31,9 @@ var (
 	// ErrStaleHandle: the owner no longer has the buffer the handle names
 	// (closed, or the owner restarted), or the handle was altered.
 	ErrStaleHandle = errors.New("stale or altered handle")
+	// ErrDeviceMemory: device memory where it cannot be used, or a manager
+	// not opened WithDeviceMemory.
+	ErrDeviceMemory = errors.New("device memory not supported here")
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every

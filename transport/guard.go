@@ -146,8 +146,8 @@ func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
 	var gerr, serr error
 	if err := b.loop.Do(func() {
 		ep := b.loop.Endpoint()
-		g.mr, gerr = ep.Register(g.mem, mr.RemoteRead, ofi.HMEMSystem, 0)
-		s.mr, serr = ep.Register(smem, 0, ofi.HMEMSystem, 0)
+		g.mr, gerr = ep.RegisterHost(g.mem, mr.RemoteRead)
+		s.mr, serr = ep.RegisterHost(smem, 0)
 	}); err != nil {
 		gerr = err
 	}
@@ -268,7 +268,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		entry := b.scratch.entry(s)
 		checks[i].entry = len(j.Chunks)
 		j.Chunks = append(j.Chunks, completion.Chunk{
-			Local: unsafe.Pointer(&entry[0]), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
+			Local: uintptr(unsafe.Pointer(&entry[0])), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
 			Remote: remote, Key: ep.guard.key,
 		})
 	}

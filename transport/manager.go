@@ -142,7 +142,17 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 // discover runs fi_getinfo with fitransfer's RMA hints; with
 // WithSourceAddress, IP providers are asked for that local address.
 func (m *Manager) discover() ([]fabric.Info, error) {
-	infos, err := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints("")})
+	hints := func(prov string) *fabric.Info {
+		h := fabric.RMAHints(prov)
+		if m.cfg.hmem {
+			fabric.WithHMEM(h)
+		}
+		return h
+	}
+	infos, err := fabric.GetInfo(fabric.Query{Hints: hints("")})
+	if m.cfg.hmem && errors.Is(err, fabric.ErrNoData) {
+		return nil, fmt.Errorf("%w: no provider here registers device memory (FI_HMEM with FI_MR_HMEM): %v", ErrDeviceMemory, err)
+	}
 	if err != nil && !errors.Is(err, fabric.ErrNoData) {
 		return nil, err
 	}
@@ -152,7 +162,7 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 		}
 		return infos, nil
 	}
-	tcp, terr := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints(string(fabric.BackendTCP)), Node: m.cfg.source, Source: true})
+	tcp, terr := fabric.GetInfo(fabric.Query{Hints: hints(string(fabric.BackendTCP)), Node: m.cfg.source, Source: true})
 	if terr != nil {
 		return nil, fmt.Errorf("tcp;ofi_rxm on source address %q: %w", m.cfg.source, terr)
 	}

@@ -27,6 +27,7 @@ type config struct {
 	poll             completion.PollPolicy
 	log              zerolog.Logger
 	source           string
+	hmem             bool
 }
 
 func defaultConfig() config {
@@ -73,3 +74,9 @@ func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.log = l } 
 // WithSourceAddress binds IP-based providers (tcp) to this local address
 // (a host name or IP), as fi_getinfo's FI_SOURCE does.
 func WithSourceAddress(host string) Option { return func(c *config) { c.source = host } }
+
+// WithDeviceMemory asks for providers that can register device (GPU)
+// memory: fi_getinfo is asked for FI_HMEM and FI_MR_HMEM, so only such
+// providers are used, and RegisterDevice is allowed. New fails, naming
+// what was found, when no provider here has it.
+func WithDeviceMemory() Option { return func(c *config) { c.hmem = true } }

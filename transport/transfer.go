@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/mr"
@@ -49,9 +48,7 @@ type view struct {
 	off, n uint64
 }
 
-func (v view) ptr(off uint64) unsafe.Pointer {
-	return unsafe.Add(unsafe.Pointer(unsafe.SliceData(v.st.mem)), v.off+off)
-}
+func (v view) ptr(off uint64) uintptr { return v.st.base + uintptr(v.off+off) }
 
 // opSpec is one transfer of a request: local view, remote handle
 // (its length is the transfer's), direction.
@@ -202,8 +199,18 @@ func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
 		if !o.remote.access.Allows(need(o.op)) {
 			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
 		}
+		if b != nil && b.cma && o.local.st.iface != mr.Host {
+			// process_vm_* cannot reach device memory: shm, if both have it.
+			if m.sameNode == nil || o.remote.endpoint(m.sameNode.provider) == nil {
+				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
+			}
+			b, o.b, o.ep = m.sameNode, m.sameNode, o.remote.endpoint(m.sameNode.provider)
+		}
 		switch {
 		case b == nil:
+			if o.local.st.iface != mr.Host {
+				return fmt.Errorf("%s: %w: copies between buffers of one manager need host memory", o.op, ErrDeviceMemory)
+			}
 			if err := m.bindTarget(o); err != nil {
 				return err
 			}
@@ -245,7 +252,7 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	if st == nil {
 		return fmt.Errorf("%s: %w: buffer %d is closed", o.op, ErrStaleHandle, r.id)
 	}
-	if len(st.eps) != len(r.eps) || uint64(len(st.mem)) != r.size {
+	if len(st.eps) != len(r.eps) || st.size != r.size {
 		return fmt.Errorf("%s: %w: buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
 	}
 	for i := range st.eps {
@@ -255,6 +262,9 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	}
 	if !st.access.Allows(need(o.op)) {
 		return fmt.Errorf("%s: %w: buffer %d was registered %s", o.op, ErrAccessDenied, r.id, st.access)
+	}
+	if st.iface != mr.Host {
+		return fmt.Errorf("%s: %w: copies between buffers of one manager need host memory", o.op, ErrDeviceMemory)
 	}
 	if err := st.ref(); err != nil {
 		return fmt.Errorf("%s: remote %w", o.op, err)

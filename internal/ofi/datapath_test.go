@@ -109,9 +109,9 @@ func TestDataPath(t *testing.T) {
 			for i := range src {
 				src[i] = byte(i * 7)
 			}
-			mrB, err := b.d.RegMR(unsafe.Pointer(&src[0]), 8192, AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, bindB)
+			mrB, err := b.d.RegMR(uintptr(unsafe.Pointer(&src[0])), 8192, AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, bindB)
 			require.NoError(t, err)
-			mrA, err := a.d.RegMR(unsafe.Pointer(&dst[0]), 8192, AccessRead|AccessWrite, 8, HMEMSystem, 0, bindA)
+			mrA, err := a.d.RegMR(uintptr(unsafe.Pointer(&dst[0])), 8192, AccessRead|AccessWrite, 8, HMEMSystem, 0, bindA)
 			require.NoError(t, err)
 			defer mrA.Close()
 			remote := func(off uint64) uint64 {
@@ -120,7 +120,7 @@ func TestDataPath(t *testing.T) {
 				}
 				return off
 			}
-			op := Op{Local: unsafe.Pointer(&dst[0]), Len: 4096, Desc: mrA.Desc(), Remote: remote(100),
+			op := Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 4096, Desc: mrA.Desc(), Remote: remote(100),
 				Key: mrB.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 5}
 			require.NoError(t, run(t, a, b, op))
 			require.True(t, bytes.Equal(src[100:4196], dst[:4096]))
@@ -129,13 +129,13 @@ func TestDataPath(t *testing.T) {
 			for i := range dst {
 				dst[i] = 0xAB
 			}
-			op = Op{Local: unsafe.Pointer(&dst[0]), Len: 1000, Desc: mrA.Desc(), Remote: remote(0),
+			op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 1000, Desc: mrA.Desc(), Remote: remote(0),
 				Key: mrB.Key(), Peer: peer, Flags: uint64(OpCompletion | OpDeliveryComplete), Slot: 6, Write: true}
 			require.NoError(t, run(t, a, b, op))
 			require.Equal(t, bytes.Repeat([]byte{0xAB}, 1000), src[:1000])
 
 			// A wrong key must fail, never succeed silently.
-			op = Op{Local: unsafe.Pointer(&dst[0]), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
+			op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
 				Key: mrB.Key() ^ 0x5a5a, Peer: peer, Flags: uint64(OpCompletion), Slot: 7}
 			err = run(t, a, b, op)
 			t.Logf("bad key read: %v", err)
@@ -149,7 +149,7 @@ func TestDataPath(t *testing.T) {
 			t.Logf("read after close: %v", err)
 			require.Error(t, err)
 
-			mrB2, err := b.d.RegMR(unsafe.Pointer(&src[0]), 8192, AccessRemoteRead|AccessRemoteWrite, 9, HMEMSystem, 0, bindB)
+			mrB2, err := b.d.RegMR(uintptr(unsafe.Pointer(&src[0])), 8192, AccessRemoteRead|AccessRemoteWrite, 9, HMEMSystem, 0, bindB)
 			require.NoError(t, err)
 			defer mrB2.Close()
 			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
@@ -163,7 +163,7 @@ func TestDataPath(t *testing.T) {
 				}
 			}
 			for i := 0; i < 3; i++ {
-				op = Op{Local: unsafe.Pointer(&dst[0]), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
+				op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
 					Key: mrB2.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 9}
 				t.Logf("read after errors: %v", run(t, a, b, op))
 			}

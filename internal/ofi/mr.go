@@ -29,19 +29,20 @@ type MR struct {
 	desc unsafe.Pointer
 }
 
-// RegMR registers n bytes at addr (fi_mr_regattr) with the given access,
+// RegMR registers n bytes at addr (fi_mr_regattr): host memory off the Go
+// heap, or device memory — an address, never a Go pointer with the given access,
 // asking for key (ignored by providers with FI_MR_PROV_KEY). iface and
 // device name the memory's HMEM interface (HMEMSystem for host memory).
 // With bindTo set (domains with FI_MR_ENDPOINT) the MR is bound to that
 // endpoint and enabled. The memory must stay mapped until Close.
-func (d *Domain) RegMR(addr unsafe.Pointer, n uint64, access, key uint64, iface, device int, bindTo *Endpoint) (*MR, error) {
+func (d *Domain) RegMR(addr uintptr, n uint64, access, key uint64, iface, device int, bindTo *Endpoint) (*MR, error) {
 	var ep *C.struct_fid_ep
 	if bindTo != nil {
 		ep = bindTo.e.ep
 	}
 	m := &MR{}
 	var stage *C.char
-	rc := C.ft_mr_reg(d.c, ep, addr, C.size_t(n), C.uint64_t(access), C.uint64_t(key),
+	rc := C.ft_mr_reg(d.c, ep, C.uint64_t(addr), C.size_t(n), C.uint64_t(access), C.uint64_t(key),
 		C.int(iface), C.int(device), &m.c, &stage)
 	if rc != 0 {
 		return nil, check(C.GoString(stage), rc)

@@ -207,11 +207,11 @@ int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr)
 
 /* ---- memory registration ---- */
 
-int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, void *buf, size_t len,
+int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, uint64_t addr, size_t len,
 	      uint64_t access, uint64_t requested_key, int iface, int device,
 	      struct fid_mr **mr, const char **stage)
 {
-	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct iovec iov = { .iov_base = (void *)(uintptr_t)addr, .iov_len = len };
 	struct fi_mr_attr attr;
 	uint64_t flags = 0;
 	int ret;

@@ -76,7 +76,7 @@ int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr);
 
 /* ---- memory registration ---- */
 
-int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, void *buf, size_t len,
+int ft_mr_reg(struct fid_domain *domain, struct fid_ep *bind_ep, uint64_t addr, size_t len,
 	      uint64_t access, uint64_t requested_key, int iface, int device,
 	      struct fid_mr **mr, const char **stage);
 

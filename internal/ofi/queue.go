@@ -11,7 +11,7 @@ import (
 
 // Op is one RMA operation to post.
 type Op struct {
-	Local  unsafe.Pointer // local buffer (off the Go heap)
+	Local  uintptr // local buffer address (off the Go heap, or device memory)
 	Len    uint64
 	Desc   unsafe.Pointer // fi_mr_desc of the local MR
 	Remote uint64         // remote address: virtual address or offset
@@ -74,7 +74,7 @@ func (q *Queue) Slots() int { return q.nslots }
 // Set writes op i of the next batch.
 func (q *Queue) Set(i int, op *Op) {
 	c := &q.ops[i]
-	c.local = C.uint64_t(uintptr(op.Local))
+	c.local = C.uint64_t(op.Local)
 	c.len = C.uint64_t(op.Len)
 	c.desc = op.Desc
 	c.remote = C.uint64_t(op.Remote)

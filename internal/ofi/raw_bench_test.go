@@ -15,15 +15,15 @@ func BenchmarkRawRead(b *testing.B) {
 			a, t := openSide(b, info), openSide(b, info)
 			peer, _ := a.ep.InsertAddr(t.ep.Name())
 			src, dst := mmap(b, 4096), mmap(b, 4096)
-			mrT, _ := t.d.RegMR(unsafe.Pointer(&src[0]), 4096, AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, nil)
-			mrA, _ := a.d.RegMR(unsafe.Pointer(&dst[0]), 4096, AccessRead|AccessWrite, 8, HMEMSystem, 0, nil)
+			mrT, _ := t.d.RegMR(uintptr(unsafe.Pointer(&src[0])), 4096, AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, nil)
+			mrA, _ := a.d.RegMR(uintptr(unsafe.Pointer(&dst[0])), 4096, AccessRead|AccessWrite, 8, HMEMSystem, 0, nil)
 			defer mrT.Close()
 			defer mrA.Close()
 			remote := uint64(0)
 			if info.Domain.MRMode.Has(MRVirtAddr) {
 				remote = uint64(uintptr(unsafe.Pointer(&src[0])))
 			}
-			op := Op{Local: unsafe.Pointer(&dst[0]), Len: 8, Desc: mrA.Desc(), Remote: remote, Key: mrT.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 1}
+			op := Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 8, Desc: mrA.Desc(), Remote: remote, Key: mrT.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 1}
 			a.q.Set(0, &op)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
