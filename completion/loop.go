@@ -90,6 +90,10 @@ func (j *Job) Reset() {
 	j.finished, j.stopPosting, j.idled = false, false, false
 }
 
+// InFlight is how many chunks of the job are posted and not completed.
+// It may be read only where the loop calls back: in Check and OnIdle.
+func (j *Job) InFlight() int { return j.inflight }
+
 // Bytes is the sum of the chunk lengths.
 func (j *Job) Bytes() uint64 {
 	var n uint64
@@ -743,8 +747,10 @@ func (l *Loop) chunkError(j *Job, chunk int, errno ofi.Errno, provErrno int, msg
 }
 
 func (l *Loop) pollEQ() {
-	if msg := l.ep.PollEQ(); msg != "" {
-		l.log.Warn().Str("eq_error", msg).Msg("asynchronous endpoint error")
+	if ev := l.ep.PollEQ(); ev != nil {
+		l.log.Warn().Str("provider", l.ep.Provider()).Int("err", int(ev.Errno)).Int("prov_errno", ev.ProvErrno).
+			Str("eq_error", ev.Message).Str("hint", Hint(l.ep.Provider(), ev.Errno, ev.ProvErrno)).
+			Msg("asynchronous endpoint error")
 	}
 }
 
@@ -780,6 +786,19 @@ func (l *Loop) idle(d time.Duration) bool {
 	return false
 }
 
+// shutdownDrain is how long shutdown reaps completions of ops still in
+// flight before it gives up an endpoint that is unsafe to close with them.
+const shutdownDrain = 500 * time.Millisecond
+
+// drain reaps completions until nothing is in flight or d passed.
+func (l *Loop) drain(d time.Duration) {
+	for end := time.Now().Add(d); l.inflight > 0 && time.Now().Before(end); {
+		if !l.reap() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 // shutdown fails every unfinished job, closes the endpoint and then
 // settles every job, in flight or not. Under the drive lock.
 func (l *Loop) shutdown() {
@@ -796,7 +815,6 @@ func (l *Loop) shutdown() {
 	}
 	for s := range l.slots {
 		add(l.slots[s].job)
-		l.slots[s] = slotRec{}
 	}
 	l.mu.Lock()
 	for _, j := range l.inbox {
@@ -812,11 +830,23 @@ func (l *Loop) shutdown() {
 			l.finish(j, ErrClosed)
 		}
 	}
+	unsafe := l.ep.UnsafeToCloseInFlight()
+	if l.inflight > 0 && unsafe {
+		l.drain(shutdownDrain)
+	}
+	abandon := l.inflight > 0 && unsafe
+	clear(l.slots)
 	if before != nil {
 		before()
 	}
+	if abandon {
+		l.log.Warn().Int("in_flight", l.inflight).
+			Msg("endpoint left open, not closed: closing it with ops in flight crashes libfabric 1.x's tcp;ofi_rxm; it is never progressed again")
+		l.ep.Abandon()
+	}
 	// Closing the endpoint ends what the provider was doing with the
-	// memory of ops still in flight; only then are they idle.
+	// memory of ops still in flight; only then are they idle. (An
+	// abandoned endpoint is never progressed again, which ends it too.)
 	l.ep.Close()
 	l.down = true
 	l.active, l.running = nil, nil

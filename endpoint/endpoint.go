@@ -50,7 +50,7 @@ func Open(info *fabric.Info) (*Endpoint, error) {
 	}
 	// The CQ has room for every op in flight: a CQ overrun is fatal on
 	// EFA.
-	if e.ep, err = e.domain.OpenEndpoint(e.depth, waitsOnTraffic(info)); err != nil {
+	if e.ep, err = e.domain.OpenEndpoint(e.depth, waitsOnTraffic(info), options(info)); err != nil {
 		e.Close()
 		return nil, e.wrap(err)
 	}
@@ -63,6 +63,23 @@ func Open(info *fabric.Info) (*Endpoint, error) {
 	}
 	return e, nil
 }
+
+// options are the endpoint options fitransfer sets: efa endpoints get
+// FI_OPT_SHARED_MEMORY_PERMITTED false, because fitransfer never sends
+// same-node traffic through efa (it has its own cma and shm paths), so
+// efa's internal shm path would only hold resources (docs/EFA.md §5).
+func options(info *fabric.Info) ofi.EndpointOptions {
+	var o ofi.EndpointOptions
+	if info.Fabric.ProvName == "efa" {
+		no := false
+		o.SharedMemoryPermitted = &no
+	}
+	return o
+}
+
+// Options reports what the provider answered to the endpoint options
+// fitransfer set (nil errors for options it did not set).
+func (e *Endpoint) Options() ofi.OptionResults { return e.ep.Options() }
 
 func (e *Endpoint) wrap(err error) error {
 	return fmt.Errorf("open %s endpoint (fabric %s, domain %s): %w",
@@ -149,12 +166,28 @@ func (e *Endpoint) Register(addr uintptr, n uint64, access mr.Access, iface mr.I
 	}
 }
 
-// PollEQ returns the provider's message for an asynchronous endpoint
-// error, or "".
-func (e *Endpoint) PollEQ() string {
-	msg, _ := e.ep.PollEQ()
-	return msg
+// PollEQ returns an asynchronous endpoint error from the event queue, or
+// nil.
+func (e *Endpoint) PollEQ() *ofi.EQError {
+	ev, _ := e.ep.PollEQ()
+	return ev
 }
+
+// UnsafeToCloseInFlight reports whether closing the endpoint while ops are
+// in flight can crash the process: libfabric 1.x's tcp;ofi_rxm closes its
+// connections on fi_close, the tcp provider flushes a read response it is
+// half-way through receiving twice, and rxm dereferences the context of
+// the second, freed, entry (rxm_handle_comp_error, prov/rxm/src/rxm_cq.c,
+// v1.17.0 — seen here, with a link cut mid-read). 2.x does not.
+func (e *Endpoint) UnsafeToCloseInFlight() bool {
+	return e.info.Fabric.ProvName == "tcp;ofi_rxm" && ofi.RuntimeVersion().Major() < 2
+}
+
+// Abandon gives the endpoint up without closing it: it is never called
+// again, and Close leaves it, its domain and fabric to the process's exit.
+// With manual progress (fitransfer's domains) the provider does nothing
+// on an endpoint nobody progresses.
+func (e *Endpoint) Abandon() { e.ep, e.domain, e.fabric = nil, nil, nil }
 
 // Close closes the endpoint, domain and fabric (memory registrations must
 // be closed first); closing twice is a no-op.

@@ -149,3 +149,20 @@ func RMAHints(provider string) *Info {
 	h.Fabric.ProvName = provider
 	return h
 }
+
+// WithoutShmFastRMA asks shm for read-after-read ordering, which turns off
+// its "fast RMA" path. shm takes that path when the hints allow
+// FI_MR_VIRT_ADDR and ask for no RMA ordering (smr_fast_rma_enabled,
+// prov/shm/src/smr.h, v1.17.0 and v2.1.0): the initiator copies with
+// process_vm_readv/writev itself and only then tells the target. In
+// libfabric 2.x it claims a slot of the target's command queue before the
+// copy and commits it after (smr_rma_fast, prov/shm/src/smr_rma.c,
+// v2.1.0), so an initiator killed mid-copy leaves a slot that is never
+// committed, and the target never reads its queue again: every later peer
+// waits forever. The path also skips the target's key check. Without it,
+// the target copies during its own progress, checks the key, and a dead
+// initiator costs one failed op.
+func WithoutShmFastRMA(h *Info) *Info {
+	h.Tx.MsgOrder |= ofi.OrderRAR
+	return h
+}

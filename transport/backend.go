@@ -1,7 +1,10 @@
 package transport
 
 import (
+	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/endpoint"
@@ -25,6 +28,48 @@ type backend struct {
 
 	mu    sync.RWMutex
 	peers map[string]peer // endpoint name → address
+
+	// shm: ops still in flight to peers that died (see blocked).
+	deadOps   atomic.Int32
+	deadSince atomic.Int64 // unix nanoseconds of the first
+	deadPeer  atomic.Pointer[string]
+}
+
+// blockedGrace is how long ops to a dead shm peer may stay in flight
+// before the endpoint counts as blocked: completions already written
+// but not yet read drain well within it.
+const blockedGrace = 200 * time.Millisecond
+
+// abandonDead records ops left in flight to an shm peer that died.
+func (b *backend) abandonDead(peer string) {
+	if b.deadOps.Add(1) == 1 {
+		b.deadPeer.Store(&peer)
+		b.deadSince.Store(time.Now().UnixNano())
+	}
+}
+
+// blocked returns an error wrapping ErrEndpointBlocked when ops to a dead
+// peer have stayed in flight past blockedGrace. libfabric's shm takes an
+// endpoint's completions from one queue in order (smr_progress_resp,
+// prov/shm/src/smr_progress.c, v1.17.0 and v2.1.0): an op whose target
+// died is never answered, and no later op on the endpoint completes
+// either, whatever its peer. Failing at once beats a timeout per op.
+func (b *backend) blocked() error {
+	if b.deadOps.Load() == 0 {
+		return nil
+	}
+	since := time.Duration(time.Now().UnixNano() - b.deadSince.Load())
+	if since < blockedGrace {
+		return nil
+	}
+	peer := "a peer"
+	if p := b.deadPeer.Load(); p != nil {
+		peer = *p
+	}
+	return fmt.Errorf("%w: the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
+		"and shm completes an endpoint's ops in order, so later ops would wait forever; "+
+		"close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
+		ErrEndpointBlocked, b.provider, peer, since.Round(time.Millisecond))
 }
 
 type peer struct {

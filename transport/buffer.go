@@ -106,7 +106,7 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 		st.guard, st.hasGrd = slot, true
 		for i, b := range m.backends {
 			if b.scratch != nil {
-				st.eps[i].guard = &guardRef{table: g.base, key: g.mr.Key(), slot: slot, gen: gen}
+				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(b.virtAddr, uintptr(g.base), 0), key: g.mr.Key(), slot: slot, gen: gen}
 			}
 		}
 		if m.cmaB != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory

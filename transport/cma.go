@@ -13,27 +13,36 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/completion"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // The cma path: same-node transfers done by fitransfer itself with
-// process_vm_readv / process_vm_writev, on libfabric 1.x.
+// process_vm_readv / process_vm_writev.
 //
-// libfabric 1.x's shm provider takes the *target's* region spin lock in
-// the initiator while it copies (prov/shm/src/smr_rma.c, smr_generic_rma:
-// pthread_spin_lock(&peer_smr->lock) around smr_rma_fast). An initiator
-// killed inside that section leaves the lock held for good: the target's
-// next progress call, and every other initiator's next op to it, spin
-// forever (seen here with SIGKILL during 64 MiB transfers). 2.x's shm has
-// no such lock (its RMA path takes only the initiator's own endpoint lock).
+// libfabric's shm can leave one process deaf for good when another dies at
+// the wrong moment:
 //
-// So on 1.x, when process_vm_readv reaches the peer, fitransfer copies the
-// bytes itself — the same single copy shm would do, without shared locks,
-// without the owner's progress and without shm's per-op notification. The
-// owner's guard table (guard.go) is read the same way before each
-// transfer. The copy is synchronous: when it returns, the bytes are in
-// the destination process's memory, so a write is delivery-complete.
-// Peers it does not reach (another pid namespace, ptrace restrictions) go
+//   - 1.x, single-copy ("fast RMA") path: the initiator holds the target's
+//     region spin lock while it copies (prov/shm/src/smr_rma.c,
+//     smr_generic_rma, v1.17.0). An initiator killed inside that section
+//     leaves the lock held: the target's next progress call, and every
+//     other initiator's next op to it, spin forever.
+//   - 2.x, the same path: the initiator claims a slot of the target's
+//     command queue, copies, then commits the slot (smr_rma_fast, v2.1.0).
+//     An initiator killed mid-copy leaves a slot that is never committed,
+//     and the target never reads its queue again.
+//   - Both, the path where the target copies (fitransfer asks 2.x for it,
+//     fabric.WithoutShmFastRMA): the initiator takes its completions from
+//     a queue in order (smr_progress_resp), so an op whose target died
+//     never completes, and neither does any later op on that endpoint.
+//
+// All three were seen here with SIGKILL during 64 MiB transfers. So when
+// process_vm_readv reaches the peer, fitransfer copies the bytes itself —
+// the same single copy shm would do, without shared state, without the
+// owner's progress and without shm's per-op notification. The owner's
+// guard table (guard.go) is read the same way before each transfer. The
+// copy is synchronous: when it returns, the bytes are in the destination
+// process's memory, so a write is delivery-complete. Peers it does not
+// reach (another pid namespace, ptrace restrictions) and device memory go
 // over shm.
 
 const (
@@ -53,8 +62,6 @@ func cmaAvailable() (bool, string) {
 	cmaPath.once.Do(func() {
 		scope := strings.TrimSpace(readTrimmed("/proc/sys/kernel/yama/ptrace_scope"))
 		switch {
-		case ofi.RuntimeVersion().Major() != 1:
-			cmaPath.why = "libfabric " + ofi.RuntimeVersion().String() + "'s shm has no shared lock on the RMA path"
 		case os.Getenv("FITRANSFER_CMA") == "0":
 			cmaPath.why = "disabled by FITRANSFER_CMA=0"
 		case scope != "" && scope != "0":
@@ -156,7 +163,7 @@ func cmaCheck(o *opSpec) error {
 	if n != guardEntrySize {
 		return &CMAError{Op: o.op, Peer: cmaPeer(pid), Len: guardEntrySize, Errno: unix.EFAULT}
 	}
-	return checkEntry(entry[:], &o.remote, o.ep, need(o.op))
+	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
 }
 
 // cmaCopy moves the op's bytes, in chunks, checking ctx in between.

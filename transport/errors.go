@@ -34,6 +34,10 @@ var (
 	// ErrDeviceMemory: device memory where it cannot be used, or a manager
 	// not opened WithDeviceMemory.
 	ErrDeviceMemory = errors.New("device memory not supported here")
+	// ErrEndpointBlocked: an shm endpoint that can complete no more ops,
+	// because ops to a peer that died are still in flight on it (see
+	// backend.blocked).
+	ErrEndpointBlocked = errors.New("endpoint blocked")
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every

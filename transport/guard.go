@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/fitransfer/fitransfer/completion"
@@ -117,12 +118,21 @@ type scratchPool struct {
 	slots chan uint32
 }
 
-func (s *scratchPool) get(ctx context.Context) (uint32, error) {
+func (s *scratchPool) get(ctx context.Context, deadline time.Time) (uint32, error) {
+	select {
+	case i := <-s.slots:
+		return i, nil
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
 	select {
 	case i := <-s.slots:
 		return i, nil
 	case <-ctx.Done():
 		return 0, ctx.Err()
+	case <-t.C:
+		return 0, fmt.Errorf("handle check: %w: all %d scratch slots stayed busy until the deadline", context.DeadlineExceeded, scratchSlots)
 	}
 }
 
@@ -173,9 +183,12 @@ func closeGuardMRs(g *guardTable, s *scratchPool) {
 // checkEntry compares a guard entry, as read from the owner, with what a
 // handle claims and what the op needs. On the cma path the entry must also
 // name the handle's table (cma has no memory keys of its own).
-func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) error {
+func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, virtAddr bool) error {
 	w := func(i int) uint64 { return binary.LittleEndian.Uint64(entry[8*i:]) }
 	key := w(gwKey)
+	// The entry holds the buffer's virtual address; an endpoint without
+	// FI_MR_VIRT_ADDR advertises offset 0 instead (mr.RemoteAddr).
+	base := mr.RemoteAddr(virtAddr, uintptr(w(gwBase)), 0)
 	if ep.provider == cmaProvider {
 		if w(gwTable) != ep.guard.key {
 			return fmt.Errorf("%w: no guard table of buffer %d's owner at the handle's address (the owner exited?)", ErrStaleHandle, r.id)
@@ -185,7 +198,7 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access) err
 	switch {
 	case w(gwGen) != ep.guard.gen || w(gwID) != r.id:
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, r.id)
-	case key != ep.key || w(gwBase) != ep.base || w(gwSize) != r.size:
+	case key != ep.key || base != ep.base || w(gwSize) != r.size:
 		return fmt.Errorf("%w: key, address or size of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
 	case !mr.Access(w(gwAccess)).Allows(need):
 		return fmt.Errorf("%w: the owner registered buffer %d as %s, the op needs %s", ErrAccessDenied, r.id, mr.Access(w(gwAccess)), need)
@@ -204,13 +217,13 @@ type guardCheck struct {
 
 // verifyGuards reads the guard entries of the ops' handles (one job per
 // peer) and sets each check's err.
-func (m *Manager) verifyGuards(ctx context.Context, b *backend, ops []opSpec, checks []guardCheck) error {
+func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck) error {
 	for first := 0; first < len(checks); first++ {
 		name := ops[checks[first].op].ep.name
 		if first > 0 && done(ops, checks[:first], name) {
 			continue
 		}
-		if err := m.verifyPeerGuards(ctx, b, ops, checks[first:], name); err != nil {
+		if err := m.verifyPeerGuards(ctx, deadline, b, ops, checks[first:], name); err != nil {
 			return err
 		}
 	}
@@ -229,7 +242,10 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
-func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
+func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
+	if err := b.blocked(); err != nil {
+		return err
+	}
 	p, err := b.peer(name)
 	if err != nil {
 		return err
@@ -242,7 +258,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		}
 	}()
 	j := x.job
-	j.Op, j.Peer, j.PeerName, j.Start = completion.Read, p.addr, p.name, nowFunc()
+	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = completion.Read, p.addr, p.name, nowFunc(), deadline
 	x.pid, j.Check = shmPeerPID(name), peerAlive
 	for i := range checks {
 		ep := ops[checks[i].op].ep
@@ -260,7 +276,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		if checks[i].entry >= 0 {
 			continue
 		}
-		s, err := b.scratch.get(ctx)
+		s, err := b.scratch.get(ctx, deadline)
 		if err != nil {
 			return err
 		}
@@ -288,7 +304,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, b *backend, ops []opSpec
 		if string(o.ep.name) != string(name) {
 			continue
 		}
-		checks[i].err = checkEntry(b.scratch.entry(x.scratch[checks[i].entry]), &o.remote, o.ep, need(o.op))
+		checks[i].err = checkEntry(b.scratch.entry(x.scratch[checks[i].entry]), &o.remote, o.ep, need(o.op), b.virtAddr)
 	}
 	return nil
 }

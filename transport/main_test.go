@@ -18,9 +18,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// providers are the backends the tests force, each in turn: fitransfer's
-// own process_vm path, libfabric's shm, tcp;ofi_rxm.
-var providers = []string{"cma", "shm", "tcp;ofi_rxm"}
+// providers are the backends the tests force, each in turn.
+var providers = testpeer.Providers()
 
 func alloc(t testing.TB, n int) []byte {
 	t.Helper()

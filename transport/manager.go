@@ -156,6 +156,11 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 	if err != nil && !errors.Is(err, fabric.ErrNoData) {
 		return nil, err
 	}
+	if err == nil && ofi.RuntimeVersion().Major() >= 2 {
+		infos = m.replaceProvider(infos, string(fabric.BackendSHM), func() ([]fabric.Info, error) {
+			return fabric.GetInfo(fabric.Query{Hints: fabric.WithoutShmFastRMA(hints(string(fabric.BackendSHM)))})
+		})
+	}
 	if m.cfg.source == "" {
 		if err != nil {
 			return nil, err
@@ -173,6 +178,30 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 		}
 	}
 	return append(out, tcp...), nil
+}
+
+// replaceProvider swaps the infos of provider for those query returns.
+// If the query fails, the provider is dropped rather than used with the
+// settings the query was meant to change.
+func (m *Manager) replaceProvider(infos []fabric.Info, provider string, query func() ([]fabric.Info, error)) []fabric.Info {
+	var out []fabric.Info
+	found := false
+	for _, in := range infos {
+		if in.Fabric.ProvName == provider {
+			found = true
+			continue
+		}
+		out = append(out, in)
+	}
+	if !found {
+		return infos
+	}
+	again, err := query()
+	if err != nil {
+		m.log.Warn().Err(err).Str("provider", provider).Msg("provider left out: the query with fitransfer's settings for it failed")
+		return out
+	}
+	return append(out, again...)
 }
 
 func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*backend, error) {

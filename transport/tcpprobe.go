@@ -24,24 +24,30 @@ import (
 
 const stallProbeAfter = time.Second
 
-// probe states
+// probe states, in the low bits of tcpProbe.state; the bits above are
+// the probe's generation, so that a dial still running when its job ended
+// cannot touch the job the xfer is reused for.
 const (
-	probeIdle int32 = iota
+	probeIdle uint64 = iota
 	probeRunning
 	probeRefused
+	probeStateBits = 2
+	probeStateMask = 1<<probeStateBits - 1
 )
 
 // tcpProbe is the stall watch of one tcp job (in its xfer).
 type tcpProbe struct {
 	addr      string // "host:port" of the peer endpoint; "" when not tcp
 	completed int
-	since     time.Time
-	state     atomic.Int32
+	since     atomic.Int64  // UnixNano of the last progress or probe
+	state     atomic.Uint64 // generation<<probeStateBits | state
 }
 
 func (p *tcpProbe) reset(addr string) {
-	p.addr, p.completed, p.since = addr, 0, time.Now()
-	p.state.Store(probeIdle)
+	p.addr, p.completed = addr, 0
+	p.since.Store(time.Now().UnixNano())
+	gen := p.state.Load()>>probeStateBits + 1
+	p.state.Store(gen<<probeStateBits | probeIdle)
 }
 
 // sockaddrHostPort is "host:port" of a raw sockaddr_in/in6, or "".
@@ -69,29 +75,36 @@ func tcpPeerAlive(j *completion.Job) error {
 		return nil
 	}
 	if j.Completed != p.completed {
-		p.completed, p.since = j.Completed, time.Now()
+		p.completed = j.Completed
+		p.since.Store(time.Now().UnixNano())
 		return nil
 	}
-	switch p.state.Load() {
+	st := p.state.Load()
+	switch st & probeStateMask {
 	case probeRefused:
 		return &completion.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
 			Cause: "nothing listens at " + p.addr + " any more (connection refused): its process exited or closed its endpoint"}
 	case probeIdle:
-		if time.Since(p.since) >= stallProbeAfter {
-			p.state.Store(probeRunning)
-			go func(addr string) {
-				c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-				if err == nil {
-					c.Close()
-				}
-				if errors.Is(err, syscall.ECONNREFUSED) {
-					p.state.Store(probeRefused)
-					return
-				}
-				p.since = time.Now()
-				p.state.Store(probeIdle)
-			}(p.addr)
+		if time.Since(time.Unix(0, p.since.Load())) < stallProbeAfter {
+			return nil
 		}
+		gen := st &^ probeStateMask
+		if !p.state.CompareAndSwap(st, gen|probeRunning) {
+			return nil
+		}
+		go func(addr string) {
+			c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+			if err == nil {
+				c.Close()
+			}
+			next := probeIdle
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				next = probeRefused
+			} else if p.state.Load() == gen|probeRunning {
+				p.since.Store(time.Now().UnixNano())
+			}
+			p.state.CompareAndSwap(gen|probeRunning, gen|next) // not if the xfer moved on
+		}(p.addr)
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if err := m.acquire(); err != nil {
 		return err
 	}
-	if err := m.prepare(ctx, ops); err != nil {
+	if err := m.prepare(ctx, deadline, ops); err != nil {
 		m.releaseManager()
 		releaseOps(ops)
 		return err
@@ -101,6 +101,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			continue
 		}
 		if err := o.b.loop.Wedged(); err != nil {
+			errs = append(errs, err)
+			failed++
+			continue
+		}
+		if err := o.b.blocked(); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
@@ -177,7 +182,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 // prepare takes the local references, routes every op and checks it
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
-func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
+func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec) error {
 	var one [1]guardCheck
 	checks := one[:0]
 	var checkBackend *backend
@@ -231,7 +236,7 @@ func (m *Manager) prepare(ctx context.Context, ops []opSpec) error {
 	if len(checks) == 0 {
 		return nil
 	}
-	if err := m.verifyGuards(ctx, checkBackend, ops, checks); err != nil {
+	if err := m.verifyGuards(ctx, deadline, checkBackend, ops, checks); err != nil {
 		return err
 	}
 	for _, c := range checks {

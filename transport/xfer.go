@@ -27,6 +27,7 @@ type xfer struct {
 	target  *bufState // memcpy only
 	scratch []uint32
 	pid     int      // shm: the peer's process, for peerAlive
+	dead    bool     // shm: abandoned with ops in flight to a dead peer
 	probe   tcpProbe // tcp: the stall watch
 }
 
@@ -55,7 +56,13 @@ func (x *xfer) submit() error {
 }
 
 // xferIdle is the jobs' OnIdle: the loop's release.
-func xferIdle(j *completion.Job) { j.Tag.(*xfer).release() }
+func xferIdle(j *completion.Job) {
+	x := j.Tag.(*xfer)
+	if x.dead {
+		x.b.deadOps.Add(-1) // its ops completed after all
+	}
+	x.release()
+}
 
 func (x *xfer) release() {
 	if x.refs.Add(-1) != 0 {
@@ -67,17 +74,23 @@ func (x *xfer) release() {
 	for _, s := range x.scratch {
 		x.b.scratch.put(s)
 	}
-	x.m, x.b, x.local, x.target, x.scratch, x.pid = nil, nil, nil, nil, x.scratch[:0], 0
+	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead = nil, nil, nil, nil, x.scratch[:0], 0, false
 	x.job.Reset()
 	xferPool.Put(x)
 }
 
 // peerAlive is the Check of shm jobs: an shm peer whose process exited
-// never answers, so the job ends as soon as that is known.
+// never answers, so the job ends as soon as that is known. Ops it leaves
+// in flight may block the endpoint (backend.blocked), which also ends
+// the jobs waiting behind them.
 func peerAlive(j *completion.Job) error {
 	x := j.Tag.(*xfer)
 	if x.pid <= 0 || unix.Kill(x.pid, 0) != unix.ESRCH {
-		return nil
+		return x.b.blocked()
+	}
+	if j.InFlight() > 0 && !x.dead {
+		x.dead = true
+		x.b.abandonDead(j.PeerName)
 	}
 	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName,
 		Cause: "process " + strconv.Itoa(x.pid) + " no longer exists"}

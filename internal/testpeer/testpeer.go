@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,6 +35,17 @@ const (
 	envRun       = "FITRANSFER_TESTPEER"
 	envProviders = "FITRANSFER_TESTPEER_PROVIDERS"
 )
+
+// Providers lists the backends tests force, each in turn: fitransfer's
+// own process_vm path ("cma") where this build uses it (libfabric 1.x),
+// libfabric's shm, and tcp;ofi_rxm. On libfabric 2.x, where the cma path
+// is switched off, the list starts at shm.
+func Providers() []string {
+	if ok, _ := transport.CMAAvailable(); ok {
+		return []string{"cma", "shm", "tcp;ofi_rxm"}
+	}
+	return []string{"shm", "tcp;ofi_rxm"}
+}
 
 // Fill writes the pattern of seed into b: the same bytes in every process.
 func Fill(b []byte, seed uint64) {
@@ -394,7 +406,18 @@ func (p *Peer) Kill() {
 	select {
 	case <-p.waitc:
 		p.waitc <- nil
+		removeShmRegions(p.cmd.Process.Pid)
 	case <-time.After(10 * time.Second):
+	}
+}
+
+// removeShmRegions deletes the shm provider's region files of a process
+// that was killed (/dev/shm/PID:N:M): a process that exits normally
+// removes its own, a killed one cannot, and each holds megabytes.
+func removeShmRegions(pid int) {
+	files, _ := filepath.Glob(fmt.Sprintf("/dev/shm/%d:*", pid))
+	for _, f := range files {
+		_ = os.Remove(f)
 	}
 }
 

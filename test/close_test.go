@@ -1,0 +1,55 @@
+package test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// TestCloseWithOpsInFlight: a transfer times out against an owner that
+// does not progress, leaving ops in flight in libfabric, and then the
+// manager is closed. Close must return, without crashing the process,
+// and a new manager works with the owner once it runs again.
+func TestCloseWithOpsInFlight(t *testing.T) {
+	for _, prov := range providers {
+		for _, op := range []string{"read", "write"} {
+			t.Run(prov+"/"+op, func(t *testing.T) {
+				owner := testpeer.Start(t, prov)
+				h := owner.Register(big, mr.ReadWrite, 3)
+				m, err := transport.New(context.Background(), transport.WithProviders(prov), transport.WithTimeout(time.Second))
+				require.NoError(t, err)
+				mem, err := mr.Alloc(big)
+				require.NoError(t, err)
+				defer mr.Free(mem)
+				local, err := m.Register(mem, mr.ReadWrite)
+				require.NoError(t, err)
+				require.NoError(t, transfer(context.Background(), m, op, local, h)) // connected
+
+				owner.Stop()
+				err = transfer(context.Background(), m, op, local, h)
+				t.Logf("with the owner stopped: %v", err)
+				start := time.Now()
+				require.NoError(t, local.Close())
+				closeErr := m.Close()
+				t.Logf("Close after %v: %v", time.Since(start).Round(time.Millisecond), closeErr)
+				assert.Less(t, time.Since(start), 15*time.Second)
+				owner.Continue()
+
+				m2, err := transport.New(context.Background(), transport.WithProviders(prov))
+				require.NoError(t, err)
+				defer m2.Close()
+				l2, err := m2.Register(mem[:4096], mr.ReadWrite)
+				require.NoError(t, err)
+				small, _ := h.Slice(0, 4096)
+				require.NoError(t, transfer(context.Background(), m2, op, l2, small), "a new manager works with the owner")
+			})
+		}
+	}
+}
