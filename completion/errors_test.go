@@ -32,14 +32,3 @@ func TestTimeoutError(t *testing.T) {
 	e.Cause = context.Canceled
 	assert.Contains(t, e.Error(), "was canceled")
 }
-
-func TestHints(t *testing.T) {
-	assert.Contains(t, Hint("efa", fabric.ErrHostUnreach, 0), "security group")
-	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.Errno(107), 32), "connection to the peer is gone")
-	assert.Empty(t, Hint("shm", fabric.ErrNoMem, 0))
-}
-
-func TestConnectionGoneHint(t *testing.T) {
-	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrCanceled, 107), "connection to the peer is gone")
-	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrCanceled, 2), "rejects its key")
-}

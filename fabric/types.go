@@ -85,6 +85,13 @@ const (
 	ErrOverrun     = ofi.ErrOverrun     // FI_EOVERRUN: CQ overrun
 	ErrOpNotSupp   = ofi.ErrOpNotSupp   // FI_EOPNOTSUPP
 	ErrNoProtoOpt  = ofi.ErrNoProtoOpt  // FI_ENOPROTOOPT: fi_getopt option unknown
+	ErrNotConn     = ofi.ErrNotConn     // FI_ENOTCONN: the peer's endpoint is gone
+	ErrConnReset   = ofi.ErrConnReset   // FI_ECONNRESET
+	ErrConnAborted = ofi.ErrConnAborted // FI_ECONNABORTED: the peer stopped answering
+	ErrMsgSize     = ofi.ErrMsgSize     // FI_EMSGSIZE
+	ErrNoRx        = ofi.ErrNoRx        // FI_ENORX: receiver not ready
+	ErrHostDown    = ofi.ErrHostDown    // FI_EHOSTDOWN
+	ErrOther       = ofi.ErrOther       // FI_EOTHER: unspecified
 )
 
 // Capability bits fitransfer uses by name.

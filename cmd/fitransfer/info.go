@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // knownProviders are provider names libfabric 1.17–2.x can be built with,
@@ -55,6 +56,7 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	if version {
 		fmt.Fprintf(stdout, "fitransfer: %s\nlibfabric: %s\nlibfabric api: %s\n", buildVersion(), vers.Library, vers.Compiled)
 		fmt.Fprintf(stdout, "negotiated api: %s (older of compiled %s and runtime %s)\n", vers.API, vers.Compiled, vers.Runtime)
+		fmt.Fprintf(stdout, "compiled in: %s\n", ofi.CompiledFeatures())
 		return exitOK
 	}
 
@@ -177,10 +179,13 @@ func noDataHint(err error, prov string) string {
 	if !errors.Is(err, fabric.ErrNoData) {
 		return ""
 	}
-	if prov != "" && !contains(availableProviders(), strings.TrimPrefix(prov, "^")) {
-		if prov == "efa" {
+	if prov == "efa" {
+		// 1.x leaves efa out of -l without a device; 2.x lists it anyway.
+		if devs, derr := fabric.EFADevices("/sys"); derr == nil && len(devs) == 0 {
 			return "; the efa provider found no EFA device here (run `fitransfer doctor`)"
 		}
+	}
+	if prov != "" && !contains(availableProviders(), strings.TrimPrefix(prov, "^")) {
 		return fmt.Sprintf("; provider %q did not load on this machine (see `fitransfer info -l`)", prov)
 	}
 	return "; no provider matches these filters"

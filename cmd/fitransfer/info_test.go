@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // fiInfo runs the real fi_info (Debian's libfabric-bin, installed by
@@ -22,12 +24,13 @@ func fiInfo(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-// shmAddr is the shm provider's address, which embeds the process id.
-var shmAddr = regexp.MustCompile(`fi_shm://\d+`)
+// shmAddr is an address of the shm provider (or 2.x's sm2), which embeds
+// the process id.
+var shmAddr = regexp.MustCompile(`fi_(shm|sm2)://\d+`)
 
 // samePID replaces the pid in shm addresses: fi_info's and ours differ
 // only there, because they are different processes.
-func samePID(s string) string { return shmAddr.ReplaceAllString(s, "fi_shm://PID") }
+func samePID(s string) string { return shmAddr.ReplaceAllString(s, "fi_$1://PID") }
 
 func TestInfoMatchesFiInfo(t *testing.T) {
 	cases := [][]string{
@@ -119,6 +122,15 @@ func TestInfoVersion(t *testing.T) {
 	// Same lines as fi_info but the first (the tool's own version).
 	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
 	assert.Equal(t, w[1:3], g[1:3])
+	// Then which optional features (1.18+ options, efa-direct) this build
+	// has: none with 1.17 headers, all of them with 2.1's.
+	assert.Contains(t, got, "compiled in: "+ofi.CompiledFeatures().String()+"\n")
+	if ofi.CompiledVersion().AtLeast(2, 1) {
+		assert.Contains(t, got, "FI_OPT_MAX_RMA_SIZE")
+		assert.Contains(t, got, "efa-direct")
+	} else if !ofi.CompiledVersion().AtLeast(1, 18) {
+		assert.Contains(t, got, "compiled in: none")
+	}
 }
 
 func TestInfoBadInput(t *testing.T) {

@@ -7,6 +7,7 @@
 //	fitransfer serve [--listen HOST:PORT]      answer clients with a registered buffer
 //	fitransfer read|write|pingpong HOST[:PORT] measure against a server, as fabtests do
 //	fitransfer bench                           local server and client, every provider
+//	fitransfer hint [-p efa] CODE              what an error number means, and its fix
 //
 // Run `fitransfer help` for every command.
 package main
@@ -43,6 +44,7 @@ func commands() []command {
 		{"write", "measure RMA writes to a server (delivery complete unless --transmit-complete)", runWrite},
 		{"pingpong", "measure RMA write ping-pong latency with a server (as ib_write_lat)", runPingPong},
 		{"bench", "local server and client over every usable provider, one table (--compare: next to the peer tools)", runBench},
+		{"hint", "explain an error number (an efa prov_errno with -p efa, or an fi_errno) and its fix", runHint},
 	}
 }
 

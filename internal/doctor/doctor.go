@@ -113,11 +113,12 @@ func Run(o Options) Report {
 	add(checkCMA(o.Ctx, o.Exe))
 	add(checkMemlock(len(devs) > 0))
 	add(checkFIEnv())
+	add(checkDeviceMemory(infos))
 
 	sameNode := route(infos, fabric.SameNode, o.Policy, facts)
 	if ok, _ := transport.CMAAvailable(); ok && sameNode.Backend != "" {
 		// What transport does on libfabric 1.x (transport/cma.go).
-		sameNode.Reason = "process_vm_readv/writev by fitransfer: libfabric 1.x's shm can deadlock a target whose initiator dies mid-copy; " +
+		sameNode.Reason = "process_vm_readv/writev by fitransfer: libfabric's shm can leave a process deaf for good when a peer dies mid-copy; " +
 			"shm when CMA does not reach a peer (" + sameNode.Reason + ")"
 		sameNode.Backend = "cma"
 	}
@@ -155,31 +156,13 @@ func route(infos []fabric.Info, loc fabric.Locality, p fabric.RMAPolicy, facts f
 func checkVersion(v fabric.Versions, h ofi.HeadersHave) Check {
 	c := Check{Name: "libfabric", Status: Pass,
 		Detail: fmt.Sprintf("%s (API %s: compiled %s, runtime %s; optional features compiled in: %s)",
-			v.Library, v.API, v.Compiled, v.Runtime, featureList(h))}
+			v.Library, v.API, v.Compiled, v.Runtime, h)}
 	if !v.API.AtLeast(1, 18) {
 		c.Status = Warn
 		c.Fix = "API " + v.API.String() + " < 1.18: efa cannot report emulated RMA and keeps device RDMA off on P4d-class parts; " +
 			"build against libfabric 1.18+ (AWS EFA installer: PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig make build)"
 	}
 	return c
-}
-
-func featureList(h ofi.HeadersHave) string {
-	var on []string
-	add := func(ok bool, name string) {
-		if ok {
-			on = append(on, name)
-		}
-	}
-	add(h.EFAEmulatedOpts, "FI_OPT_EFA_EMULATED_READ/WRITE")
-	add(h.CUDAAPIPermitted, "FI_OPT_CUDA_API_PERMITTED")
-	add(h.SharedMemPermit, "FI_OPT_SHARED_MEMORY_PERMITTED")
-	add(h.MaxRMASize, "FI_OPT_MAX_RMA_SIZE")
-	add(h.EFADirectFabric, "efa-direct")
-	if len(on) == 0 {
-		return "none (1.17 headers)"
-	}
-	return strings.Join(on, ", ")
 }
 
 func checkAbortTrap(devs []fabric.EFADevice) Check {
@@ -356,3 +339,70 @@ func readFile(path string) string {
 }
 
 func mib(n uint64) string { return fmt.Sprintf("%d MiB", n>>20) }
+
+// checkDeviceMemory says whether device memory (FI_HMEM) can be
+// registered here, and — where the headers have FI_OPT_CUDA_API_PERMITTED
+// (1.18+) — whether libfabric's CUDA support is up: asking an endpoint for
+// CUDA calls is refused (-FI_EINVAL) when libfabric found no CUDA library
+// or device. Host memory transfers do not need either, so this never fails.
+func checkDeviceMemory(infos []fabric.Info) Check {
+	c := Check{Name: "device-memory", Status: Pass}
+	var hmem []string
+	if his, err := fabric.GetInfo(fabric.Query{Hints: fabric.WithHMEM(fabric.RMAHints(""))}); err == nil {
+		for _, p := range fabric.ProvidersOf(his) {
+			hmem = append(hmem, p.Name)
+		}
+	}
+	if len(hmem) == 0 {
+		c.Detail = "no provider registers device memory here (FI_HMEM with FI_MR_HMEM): host memory only"
+	} else {
+		c.Detail = "FI_HMEM from " + strings.Join(hmem, ", ")
+	}
+	return withCUDAProbe(c, infos)
+}
+
+func withCUDAProbe(c Check, infos []fabric.Info) Check {
+	var info *fabric.Info
+	for i := range infos {
+		if p := infos[i].Fabric.ProvName; p == "shm" || (info == nil && p == string(fabric.BackendTCP)) {
+			info = &infos[i]
+		}
+	}
+	if info == nil {
+		return c
+	}
+	err := probeCUDAAPI(info)
+	switch {
+	case err == nil:
+		c.Detail += "; libfabric's CUDA support is up (" + info.Fabric.ProvName + " accepts FI_OPT_CUDA_API_PERMITTED)"
+	case errors.Is(err, fabric.ErrNoSys):
+		c.Detail += "; FI_OPT_CUDA_API_PERMITTED not compiled in (headers older than 1.18)"
+	case errors.Is(err, fabric.ErrInval):
+		c.Detail += "; libfabric found no CUDA library or device (" + info.Fabric.ProvName + " refuses FI_OPT_CUDA_API_PERMITTED with -FI_EINVAL)"
+	default:
+		c.Detail += "; " + info.Fabric.ProvName + ": " + err.Error()
+	}
+	return c
+}
+
+// probeCUDAAPI opens an endpoint of info asking FI_OPT_CUDA_API_PERMITTED
+// true and returns fi_setopt's answer.
+func probeCUDAAPI(info *fabric.Info) error {
+	f, err := fabric.OpenFabric(info)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	d, err := f.OpenDomain(info)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	yes := true
+	ep, err := d.OpenEndpoint(0, false, ofi.EndpointOptions{CUDAAPIPermitted: &yes})
+	if err != nil {
+		return err
+	}
+	defer ep.Close()
+	return ep.Options().CUDAAPIPermitted
+}

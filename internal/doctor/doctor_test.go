@@ -31,8 +31,18 @@ func byName(r Report) map[string]Check {
 func TestRunOnThisMachine(t *testing.T) {
 	r := Run(Options{})
 	checks := byName(r)
-	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "backend-same-node", "backend-remote"} {
+	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "device-memory", "backend-same-node", "backend-remote"} {
 		require.Contains(t, checks, name)
+	}
+	// No GPU here: shm answers FI_HMEM hints all the same (1.17 and 2.1),
+	// but where the headers have FI_OPT_CUDA_API_PERMITTED libfabric says
+	// it found no CUDA.
+	dm := checks["device-memory"].Detail
+	assert.Contains(t, dm, "FI_HMEM from shm")
+	if r.Headers.CUDAAPIPermitted {
+		assert.Contains(t, dm, "no CUDA library or device")
+	} else {
+		assert.Contains(t, dm, "not compiled in")
 	}
 	for _, c := range r.Checks {
 		if c.Status != Pass {

@@ -24,7 +24,7 @@ func openSide(t testing.TB, info *Info) *side {
 	require.NoError(t, err)
 	d, err := f.OpenDomain(info)
 	require.NoError(t, err)
-	ep, err := d.OpenEndpoint(256, false)
+	ep, err := d.OpenEndpoint(256, false, EndpointOptions{})
 	require.NoError(t, err)
 	s := &side{f, d, ep, NewQueue(16, 64)}
 	t.Cleanup(func() { ep.Close(); s.q.Free(); d.Close(); f.Close() })
@@ -155,11 +155,11 @@ func TestDataPath(t *testing.T) {
 			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
 				_, _ = a.q.Reap(a.ep)
 				_, _ = b.q.Reap(b.ep)
-				if m, _ := a.ep.PollEQ(); m != "" {
-					t.Logf("eq a: %s", m)
+				if ev, _ := a.ep.PollEQ(); ev != nil {
+					t.Logf("eq a: %+v", *ev)
 				}
-				if m, _ := b.ep.PollEQ(); m != "" {
-					t.Logf("eq b: %s", m)
+				if ev, _ := b.ep.PollEQ(); ev != nil {
+					t.Logf("eq b: %+v", *ev)
 				}
 			}
 			for i := 0; i < 3; i++ {

@@ -6,6 +6,7 @@ package ofi
 import "C"
 
 import (
+	"strings"
 	"unsafe"
 )
 
@@ -18,6 +19,7 @@ type Endpoint struct {
 	name     []byte
 	waitable bool
 	eqMsg    *C.char // C buffer PollEQ reads messages into
+	opts     OptionResults
 }
 
 const eqMsgLen = 256
@@ -26,15 +28,23 @@ const eqMsgLen = 256
 // fi_info the domain was opened from. cqSize 0 lets the provider choose.
 // With cqWait the CQ gets a wait object if the provider has one (see
 // Waitable).
-func (d *Domain) OpenEndpoint(cqSize int, cqWait bool) (*Endpoint, error) {
+func (d *Domain) OpenEndpoint(cqSize int, cqWait bool, opts EndpointOptions) (*Endpoint, error) {
 	ep := &Endpoint{}
 	var stage *C.char
 	wait, waitable := C.int(0), C.int(0)
 	if cqWait {
 		wait = 1
 	}
-	if rc := C.ft_ep_open(d.fabric, d.c, d.info, C.size_t(cqSize), wait, &waitable, &ep.e, &stage); rc != 0 {
+	o := C.struct_ft_ep_opts{shared_memory_permitted: optBool(opts.SharedMemoryPermitted),
+		cuda_api_permitted: optBool(opts.CUDAAPIPermitted)}
+	if rc := C.ft_ep_open(d.fabric, d.c, d.info, C.size_t(cqSize), wait, &waitable, &o, &ep.e, &stage); rc != 0 {
 		return nil, check(C.GoString(stage), rc)
+	}
+	if opts.SharedMemoryPermitted != nil {
+		ep.opts.SharedMemoryPermitted = check("fi_setopt(FI_OPT_SHARED_MEMORY_PERMITTED)", o.shared_memory_rc)
+	}
+	if opts.CUDAAPIPermitted != nil {
+		ep.opts.CUDAAPIPermitted = check("fi_setopt(FI_OPT_CUDA_API_PERMITTED)", o.cuda_api_rc)
 	}
 	ep.waitable = waitable == 1
 	ep.eqMsg = (*C.char)(C.calloc(eqMsgLen, 1))
@@ -45,6 +55,41 @@ func (d *Domain) OpenEndpoint(cqSize int, cqWait bool) (*Endpoint, error) {
 	}
 	ep.name = name
 	return ep, nil
+}
+
+// EndpointOptions are endpoint options set before the endpoint is
+// enabled; nil leaves one alone.
+type EndpointOptions struct {
+	// SharedMemoryPermitted is FI_OPT_SHARED_MEMORY_PERMITTED (headers
+	// 1.21+): false keeps a provider (efa) from setting up its own shm
+	// path for same-node peers.
+	SharedMemoryPermitted *bool
+	// CUDAAPIPermitted is FI_OPT_CUDA_API_PERMITTED (headers 1.18+): may
+	// the provider call the CUDA API.
+	CUDAAPIPermitted *bool
+}
+
+// OptionResults are fi_setopt's answers for the options asked: nil when
+// accepted, ErrNoSys when the headers this binary was compiled with do not
+// declare the option, else the provider's refusal (ErrNoProtoOpt: it does
+// not know the option).
+type OptionResults struct {
+	SharedMemoryPermitted error
+	CUDAAPIPermitted      error
+}
+
+// Options returns what the provider answered to the EndpointOptions the
+// endpoint was opened with.
+func (ep *Endpoint) Options() OptionResults { return ep.opts }
+
+func optBool(b *bool) C.int {
+	switch {
+	case b == nil:
+		return -1
+	case *b:
+		return 1
+	}
+	return 0
 }
 
 func (ep *Endpoint) getName() ([]byte, error) {
@@ -108,17 +153,25 @@ func (ep *Endpoint) MaxRMASize() (uint64, error) {
 	return uint64(n), nil
 }
 
-// PollEQ reads one event queue entry: the provider's message for an
-// asynchronous error, or "" when there was none.
-func (ep *Endpoint) PollEQ() (string, error) {
-	rc := C.ft_eq_poll(ep.e.eq, ep.eqMsg, eqMsgLen)
+// EQError is an asynchronous endpoint error read from the event queue.
+type EQError struct {
+	Errno     Errno  // err of the fi_eq_err_entry
+	ProvErrno int    // prov_errno
+	Message   string // fi_eq_strerror
+}
+
+// PollEQ reads one event queue entry: an asynchronous error, or nil when
+// there was none.
+func (ep *Endpoint) PollEQ() (*EQError, error) {
+	var errno, provErrno C.int
+	rc := C.ft_eq_poll(ep.e.eq, ep.eqMsg, eqMsgLen, &errno, &provErrno)
 	switch {
 	case rc < 0:
-		return "", check("fi_eq_read", rc)
+		return nil, check("fi_eq_read", rc)
 	case rc == 1:
-		return C.GoString(ep.eqMsg), nil
+		return &EQError{Errno: Errno(errno), ProvErrno: int(provErrno), Message: C.GoString(ep.eqMsg)}, nil
 	}
-	return "", nil
+	return nil, nil
 }
 
 // Close closes the endpoint, its AV, CQ and EQ; closing twice is a no-op.
@@ -137,9 +190,17 @@ func (ep *Endpoint) Close() {
 // ProbeEFAEmulated opens a throwaway endpoint (not enabled) and asks the
 // efa provider whether it emulates RMA read and write:
 // fi_getopt(FI_OPT_EFA_EMULATED_READ/WRITE), libfabric 1.18+. Built against
-// older headers, or on a provider without the option, it returns an error
-// wrapping ErrNoSys or ErrNoProtoOpt.
+// older headers it returns an error wrapping ErrNoSys, and on a domain of
+// another provider one wrapping ErrNoProtoOpt, without opening anything:
+// other providers crash on this probe (tcp;ofi_rxm 1.17 when the endpoint
+// that was never enabled is closed, shm 2.1 in fi_getopt).
 func (d *Domain) ProbeEFAEmulated() (read, write bool, err error) {
+	if !CompiledFeatures().EFAEmulatedOpts {
+		return false, false, check("fi_getopt(FI_OPT_EFA_EMULATED_READ)", -C.FI_ENOSYS)
+	}
+	if d.info.fabric_attr == nil || C.GoString(d.info.fabric_attr.prov_name) != "efa" {
+		return false, false, check("fi_getopt(FI_OPT_EFA_EMULATED_READ) outside efa", -C.FI_ENOPROTOOPT)
+	}
 	var ep *C.struct_fid_ep
 	if err := check("fi_endpoint", C.fi_endpoint(d.c, d.info, &ep, nil)); err != nil {
 		return false, false, err
@@ -161,9 +222,28 @@ func (d *Domain) ProbeEFAEmulated() (read, write bool, err error) {
 type HeadersHave struct {
 	EFAEmulatedOpts  bool `json:"efa_emulated_opts"`    // FI_OPT_EFA_EMULATED_READ/WRITE (1.18)
 	CUDAAPIPermitted bool `json:"cuda_api_permitted"`   // FI_OPT_CUDA_API_PERMITTED (1.18)
-	SharedMemPermit  bool `json:"shared_mem_permitted"` // FI_OPT_SHARED_MEMORY_PERMITTED (1.22)
+	SharedMemPermit  bool `json:"shared_mem_permitted"` // FI_OPT_SHARED_MEMORY_PERMITTED (1.21)
 	MaxRMASize       bool `json:"max_rma_size"`         // FI_OPT_MAX_RMA_SIZE (1.22)
 	EFADirectFabric  bool `json:"efa_direct_fabric"`    // the efa-direct fabric (2.1)
+}
+
+// String lists the features by their libfabric names.
+func (h HeadersHave) String() string {
+	var on []string
+	add := func(ok bool, name string) {
+		if ok {
+			on = append(on, name)
+		}
+	}
+	add(h.EFAEmulatedOpts, "FI_OPT_EFA_EMULATED_READ/WRITE")
+	add(h.CUDAAPIPermitted, "FI_OPT_CUDA_API_PERMITTED")
+	add(h.SharedMemPermit, "FI_OPT_SHARED_MEMORY_PERMITTED")
+	add(h.MaxRMASize, "FI_OPT_MAX_RMA_SIZE")
+	add(h.EFADirectFabric, "efa-direct")
+	if len(on) == 0 {
+		return "none (headers older than 1.18)"
+	}
+	return strings.Join(on, ", ")
 }
 
 // CompiledFeatures reports the optional features of the compiled headers.
@@ -172,7 +252,7 @@ func CompiledFeatures() HeadersHave {
 	return HeadersHave{
 		EFAEmulatedOpts:  v.AtLeast(1, 18),
 		CUDAAPIPermitted: v.AtLeast(1, 18),
-		SharedMemPermit:  v.AtLeast(1, 22),
+		SharedMemPermit:  v.AtLeast(1, 21),
 		MaxRMASize:       v.AtLeast(1, 22),
 		EFADirectFabric:  v.AtLeast(2, 1),
 	}

@@ -24,6 +24,10 @@ type OpFlags uint64
 // MsgOrder is a set of message ordering guarantees (FI_ORDER_*).
 type MsgOrder uint64
 
+// OrderRAR is FI_ORDER_RAR: reads complete at the target in the order
+// they were posted.
+const OrderRAR MsgOrder = 1 << 0
+
 // CompOrder is a set of completion ordering guarantees.
 type CompOrder uint64
 

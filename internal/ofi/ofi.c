@@ -9,6 +9,7 @@ _Static_assert(FI_EIO == 5 && FI_ECANCELED == 125 && FI_EHOSTUNREACH == 113, "er
 _Static_assert(FI_ETIMEDOUT == 110 && FI_EINVAL == 22 && FI_ENOMEM == 12, "errno");
 _Static_assert(FI_EACCES == 13 && FI_EREMOTEIO == 121 && FI_EKEYREJECTED == 129, "errno");
 _Static_assert(FI_ECONNREFUSED == 111 && FI_ECONNRESET == 104 && FI_ENOTCONN == 107, "errno");
+_Static_assert(FI_ECONNABORTED == 103 && FI_EHOSTDOWN == 112, "errno");
 _Static_assert(FI_EOPNOTSUPP == 95 && FI_EMSGSIZE == 90 && FI_EOVERFLOW == 75, "errno");
 _Static_assert(FI_EAVAIL == 259 && FI_ETRUNC == 265 && FI_ENOKEY == 266, "errno");
 _Static_assert(FI_EOVERRUN == 268 && FI_ENORX == 269 && FI_EOTHER == 256, "errno");
@@ -16,6 +17,7 @@ _Static_assert(FI_EOVERRUN == 268 && FI_ENORX == 269 && FI_EOTHER == 256, "errno
 _Static_assert(FI_RMA == (1ULL << 2) && FI_REMOTE_WRITE == (1ULL << 13), "caps");
 _Static_assert(FI_HMEM == (1ULL << 47) && FI_SOURCE == (1ULL << 57), "caps");
 _Static_assert(FI_DELIVERY_COMPLETE == (1ULL << 28) && FI_COMPLETION == (1ULL << 24), "op flags");
+_Static_assert(FI_ORDER_RAR == (1ULL << 0), "msg order");
 _Static_assert(FI_MR_PROV_KEY == (1 << 6) && FI_MR_ENDPOINT == (1 << 9), "mr mode");
 _Static_assert(FI_CONTEXT2 == (1ULL << 52) && FI_CONTEXT == (1ULL << 59), "mode");
 _Static_assert(FI_PROV_ATTR_ONLY == (1ULL << 54), "getinfo flags");
@@ -119,10 +121,33 @@ int ft_ep_max_rma_size(struct fid_ep *ep, size_t *size)
 #endif
 }
 
+static int ft_set_shared_memory_permitted(struct fid_ep *ep, int v)
+{
+#if FT_HEADERS_AT_LEAST(1, 21)
+	bool b = v != 0;
+	return fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &b, sizeof(b));
+#else
+	(void)ep; (void)v;
+	return -FI_ENOSYS;
+#endif
+}
+
+static int ft_set_cuda_api_permitted(struct fid_ep *ep, int v)
+{
+#if FT_HEADERS_AT_LEAST(1, 18)
+	bool b = v != 0;
+	return fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &b, sizeof(b));
+#else
+	(void)ep; (void)v;
+	return -FI_ENOSYS;
+#endif
+}
+
 /* ---- endpoints ---- */
 
 int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
-	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep *out, const char **stage)
+	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
+	       struct ft_ep *out, const char **stage)
 {
 	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
 	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_CONTEXT,
@@ -169,6 +194,14 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 	ret = fi_ep_bind(out->ep, &out->cq->fid, FI_TRANSMIT | FI_RECV);
 	if (ret)
 		goto err;
+	if (opts) {
+		/* Options are refused after fi_enable; their answers are the
+		 * caller's to judge. */
+		opts->shared_memory_rc = opts->shared_memory_permitted < 0 ? 0 :
+			ft_set_shared_memory_permitted(out->ep, opts->shared_memory_permitted);
+		opts->cuda_api_rc = opts->cuda_api_permitted < 0 ? 0 :
+			ft_set_cuda_api_permitted(out->ep, opts->cuda_api_permitted);
+	}
 	*stage = "fi_enable";
 	ret = fi_enable(out->ep);
 	if (ret)
@@ -347,7 +380,7 @@ int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nct
 	return 1;
 }
 
-int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len)
+int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len, int *err, int *prov_errno)
 {
 	struct fi_eq_err_entry e;
 	uint32_t event;
@@ -364,6 +397,8 @@ int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len)
 		if (ret < 0)
 			return ret == -FI_EAGAIN ? 0 : (int)ret;
 		msg[0] = '\0';
+		*err = e.err;
+		*prov_errno = e.prov_errno;
 		s = fi_eq_strerror(eq, e.prov_errno, e.err_data, msg, len);
 		if (s && s != msg)
 			snprintf(msg, len, "%s", s);

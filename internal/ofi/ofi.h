@@ -58,12 +58,23 @@ struct ft_ep {
 	struct fid_eq *eq;
 };
 
+/* Endpoint options set before fi_enable: 0 or 1, or -1 to leave one alone.
+ * The *_rc fields return fi_setopt's answer, -FI_ENOSYS when the headers
+ * this was compiled with do not declare the option. */
+struct ft_ep_opts {
+	int shared_memory_permitted; /* FI_OPT_SHARED_MEMORY_PERMITTED, headers 1.21+ */
+	int cuda_api_permitted;      /* FI_OPT_CUDA_API_PERMITTED, headers 1.18+ */
+	int shared_memory_rc;
+	int cuda_api_rc;
+};
+
 /* Opens and enables an endpoint on the domain. cq_size 0 lets the provider
  * choose. With cq_wait the CQ gets a wait object (fi_cq_sread, fi_cq_signal)
- * when the provider supports one; *waitable says whether it did. On error
- * *stage names the call that failed. */
+ * when the provider supports one; *waitable says whether it did. opts may
+ * be NULL. On error *stage names the call that failed. */
 int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
-	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep *out, const char **stage);
+	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
+	       struct ft_ep *out, const char **stage);
 
 /* fi_cq_sread of up to max completions with a timeout in milliseconds;
  * returns like ft_cq_read (0 on timeout or fi_cq_signal). */
@@ -126,7 +137,7 @@ int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nct
 
 /* Reads one EQ entry: 1 with msg set for an error entry, 2 for another
  * event, 0 when empty, negative on failure. */
-int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len);
+int ft_eq_poll(struct fid_eq *eq, char *msg, size_t len, int *err, int *prov_errno);
 
 /* fi_av_remove of one address. */
 int ft_av_remove(struct ft_ep *e, uint64_t addr);
