@@ -31,6 +31,7 @@ const (
 	maxGoroutineGrowth = 0
 	maxFDGrowth        = 0
 	maxRSSGrowth       = 64 << 20
+	maxHeapGrowth      = 16 << 20
 )
 
 const (
@@ -41,16 +42,20 @@ const (
 // TestSoak: for each provider at once, soakWorkers goroutines do random
 // reads and writes of random sizes at random offsets, each in its own
 // region of a peer's buffer, checking every byte read against what it
-// wrote; at the end each reads its whole region back. Then the leak
-// figures of this process and of the peers are compared with before.
+// wrote; at the end each reads its whole region back. The first fifth of
+// the time (at least a second) warms up — pools, heaps, the race
+// detector's shadow memory reach their working size — and the leak
+// figures of this process and of the peers are taken after it and at the
+// end: what leaks grows with the work, a warm-up does not.
 func TestSoak(t *testing.T) {
 	type side struct {
-		prov   string
-		m      *transport.Manager
-		owner  *testpeer.Peer
-		remote transport.RemoteBuffer
-		local  *transport.Buffer
-		mem    []byte
+		prov    string
+		m       *transport.Manager
+		owner   *testpeer.Peer
+		remote  transport.RemoteBuffer
+		local   *transport.Buffer
+		mem     []byte
+		shadows [][]byte // per worker: what its region holds
 	}
 	var sides []*side
 	for i, prov := range providers {
@@ -59,78 +64,93 @@ func TestSoak(t *testing.T) {
 		s.remote = s.owner.Register(soakWorkers*soakRegion, mr.ReadWrite, uint64(10+i))
 		s.local, s.mem = register(t, s.m, soakWorkers*soakRegion, mr.ReadWrite)
 		require.NoError(t, s.m.ReadInto(context.Background(), s.local, s.remote)) // connected
+		for w := 0; w < soakWorkers; w++ {
+			s.shadows = append(s.shadows, bytes.Clone(s.mem[w*soakRegion:(w+1)*soakRegion]))
+		}
 		sides = append(sides, s)
 	}
+
+	var ops, verified, written atomic.Int64
+	// phase runs every worker until the deadline and reports the first
+	// errors through t.
+	phase := func(seed uint64, d time.Duration) {
+		deadline := time.Now().Add(d)
+		var wg sync.WaitGroup
+		errc := make(chan error, len(sides)*soakWorkers)
+		for si, s := range sides {
+			for w := 0; w < soakWorkers; w++ {
+				wg.Add(1)
+				go func(s *side, w int) {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(seed+uint64(si), uint64(w)))
+					base := uint64(w * soakRegion)
+					shadow := s.shadows[w]
+					region, _ := s.remote.Slice(base, soakRegion)
+					localRegion, _ := s.local.Slice(base, soakRegion)
+					for time.Now().Before(deadline) {
+						off := rng.Uint64N(soakRegion)
+						size := 1 + rng.Uint64N(min(soakRegion-off, 1<<uint(rng.IntN(21)))) // sizes spread 1 B .. 1 MiB
+						l, _ := localRegion.Slice(off, size)
+						r, _ := region.Slice(off, size)
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						var err error
+						if rng.IntN(2) == 0 {
+							fillRandom(rng, l.Bytes())
+							if err = s.m.WriteFrom(ctx, r, l); err == nil {
+								copy(shadow[off:off+size], l.Bytes())
+								written.Add(int64(size))
+							}
+						} else if err = s.m.ReadInto(ctx, l, r); err == nil {
+							if !bytes.Equal(l.Bytes(), shadow[off:off+size]) {
+								err = fmt.Errorf("read [%d, +%d) differs from what was written", off, size)
+							}
+							verified.Add(int64(size))
+						}
+						cancel()
+						if err != nil {
+							errc <- fmt.Errorf("%s worker %d: %w", s.prov, w, err)
+							return
+						}
+						ops.Add(1)
+					}
+					if err := s.m.ReadInto(context.Background(), localRegion, region); err != nil {
+						errc <- fmt.Errorf("%s worker %d: %w", s.prov, w, err)
+						return
+					}
+					if !bytes.Equal(localRegion.Bytes(), shadow) {
+						errc <- fmt.Errorf("%s worker %d: the region differs from what was written", s.prov, w)
+					}
+					verified.Add(soakRegion)
+				}(s, w)
+			}
+		}
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			t.Error(err)
+		}
+	}
+
+	warmFor := max(time.Second, *soakFor/5)
+	start := testpeer.TakeStats()
+	phase(1, warmFor)
 	runtime.GC()
 	before := testpeer.TakeStats()
 	ownersBefore := make([]testpeer.Stats, len(sides))
 	for i, s := range sides {
 		ownersBefore[i] = s.owner.Stats()
 	}
-
-	var ops, verified, written atomic.Int64
-	deadline := time.Now().Add(*soakFor)
-	var wg sync.WaitGroup
-	errc := make(chan error, len(sides)*soakWorkers)
-	for si, s := range sides {
-		for w := 0; w < soakWorkers; w++ {
-			wg.Add(1)
-			go func(s *side, w int) {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(si), uint64(w)))
-				base := uint64(w * soakRegion)
-				shadow := make([]byte, soakRegion) // what the region holds
-				copy(shadow, s.mem[base:base+soakRegion])
-				region, _ := s.remote.Slice(base, soakRegion)
-				localRegion, _ := s.local.Slice(base, soakRegion)
-				for time.Now().Before(deadline) {
-					off := rng.Uint64N(soakRegion)
-					size := 1 + rng.Uint64N(min(soakRegion-off, 1<<uint(rng.IntN(21)))) // sizes spread 1 B .. 1 MiB
-					l, _ := localRegion.Slice(off, size)
-					r, _ := region.Slice(off, size)
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					var err error
-					if rng.IntN(2) == 0 {
-						fillRandom(rng, l.Bytes())
-						if err = s.m.WriteFrom(ctx, r, l); err == nil {
-							copy(shadow[off:off+size], l.Bytes())
-							written.Add(int64(size))
-						}
-					} else if err = s.m.ReadInto(ctx, l, r); err == nil {
-						if !bytes.Equal(l.Bytes(), shadow[off:off+size]) {
-							err = fmt.Errorf("%s worker %d: read [%d, +%d) differs from what was written", s.prov, w, off, size)
-						}
-						verified.Add(int64(size))
-					}
-					cancel()
-					if err != nil {
-						errc <- fmt.Errorf("%s worker %d: %w", s.prov, w, err)
-						return
-					}
-					ops.Add(1)
-				}
-				if err := s.m.ReadInto(context.Background(), localRegion, region); err != nil {
-					errc <- err
-					return
-				}
-				if !bytes.Equal(localRegion.Bytes(), shadow) {
-					errc <- fmt.Errorf("%s worker %d: the region differs from what was written", s.prov, w)
-				}
-				verified.Add(soakRegion)
-			}(s, w)
-		}
-	}
-	wg.Wait()
-	close(errc)
-	for err := range errc {
-		t.Error(err)
+	phase(2, *soakFor-warmFor)
+	if t.Failed() {
+		return
 	}
 	t.Logf("soak: %v, %d providers × %d workers: %d ops, %d MB read and verified, %d MB written",
 		*soakFor, len(sides), soakWorkers, ops.Load(), verified.Load()/1e6, written.Load()/1e6)
 
 	after := settledStats(t, before)
-	t.Logf("this process: goroutines %d → %d, fds %d → %d, rss %d → %d MiB",
-		before.Goroutines, after.Goroutines, before.FDs, after.FDs, before.RSS>>20, after.RSS>>20)
+	t.Logf("this process: goroutines %d → %d, fds %d → %d, rss %d → %d MiB after the %v warm-up → %d MiB at the end (anon %d → %d, shmem %d → %d)",
+		before.Goroutines, after.Goroutines, before.FDs, after.FDs, start.RSS>>20, before.RSS>>20, warmFor, after.RSS>>20,
+		before.RSSAnon>>20, after.RSSAnon>>20, before.RSSShmem>>20, after.RSSShmem>>20)
 	checkLeaks(t, "this process", before, after)
 	for i, s := range sides {
 		a := s.owner.Stats()
@@ -185,6 +205,12 @@ func checkLeaks(t *testing.T, who string, before, after testpeer.Stats) {
 	t.Helper()
 	assert.LessOrEqual(t, after.Goroutines, before.Goroutines+maxGoroutineGrowth, "%s: goroutines", who)
 	assert.LessOrEqual(t, after.FDs, before.FDs+maxFDGrowth, "%s: open files", who)
+	assert.LessOrEqual(t, after.HeapAlloc, before.HeapAlloc+maxHeapGrowth, "%s: live Go heap", who)
+	if raceEnabled {
+		t.Logf("%s: resident memory %d → %d MiB not bounded under -race (the race detector's own memory grows with the work); the run without -race bounds it",
+			who, before.RSS>>20, after.RSS>>20)
+		return
+	}
 	assert.LessOrEqual(t, after.RSS, before.RSS+maxRSSGrowth, "%s: resident memory", who)
 }
 
