@@ -48,6 +48,7 @@ import (
 const (
 	cmaProvider = "cma"
 	cmaChunk    = 64 << 20 // bytes per system call, so that a context is checked in between
+	cmaSmall    = 1 << 20  // ops up to this size share system calls
 )
 
 var cmaPath struct {
@@ -149,12 +150,29 @@ func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
 	return err
 }
 
-// cmaCheck reads the buffer's guard entry from its owner and checks the
-// handle and the op against it.
-func cmaCheck(o *opSpec) error {
+// cmaEntries keeps the guard entries one request has read, so that its
+// ops on the same buffer cost one process_vm_readv, not one each.
+type cmaEntries struct {
+	n    int
+	keys [4]struct {
+		pid  int
+		addr uint64
+	}
+	entries [4][guardEntrySize]byte
+}
+
+// cmaCheck reads the buffer's guard entry from its owner (or takes it from
+// seen, when this request already read it) and checks the handle and the
+// op against it.
+func cmaCheck(o *opSpec, seen *cmaEntries) error {
 	pid := cmaPID(o.ep.name)
-	var entry [guardEntrySize]byte
 	addr := o.ep.guard.table + uint64(o.ep.guard.slot)*guardEntrySize
+	for i := 0; i < seen.n; i++ {
+		if seen.keys[i].pid == pid && seen.keys[i].addr == addr {
+			return checkEntry(seen.entries[i][:], &o.remote, o.ep, need(o.op), true)
+		}
+	}
+	var entry [guardEntrySize]byte
 	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &entry[0], Len: guardEntrySize}},
 		[]unix.RemoteIovec{{Base: uintptr(addr), Len: guardEntrySize}}, 0)
 	if err != nil {
@@ -163,7 +181,96 @@ func cmaCheck(o *opSpec) error {
 	if n != guardEntrySize {
 		return &CMAError{Op: o.op, Peer: cmaPeer(pid), Len: guardEntrySize, Errno: unix.EFAULT}
 	}
+	if seen.n < len(seen.keys) {
+		seen.keys[seen.n].pid, seen.keys[seen.n].addr = pid, addr
+		seen.entries[seen.n] = entry
+		seen.n++
+	}
 	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
+}
+
+// cmaBatchMax is how many ops one process_vm_readv/writev call carries
+// (IOV_MAX is 1024).
+const cmaBatchMax = 256
+
+// cmaBatch is the iovecs of one call, pooled so that a request of small
+// ops allocates nothing.
+type cmaBatch struct {
+	ops  [cmaBatchMax]int // indices into the request's ops
+	liov [cmaBatchMax]unix.Iovec
+	riov [cmaBatchMax]unix.RemoteIovec
+}
+
+var cmaBatches = sync.Pool{New: func() any { return new(cmaBatch) }}
+
+// cmaCopyAll runs the cma ops of a request: small ops to the same process
+// in the same direction go in one system call (a window of 8-byte writes
+// costs one call instead of one each), large ones alone, in chunks. A
+// batch that fails or comes up short is redone op by op, so that each
+// error names its op. It returns the errors and how many ops failed.
+func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) {
+	failed := 0
+	one := func(o *opSpec) {
+		if err := cmaCopy(ctx, o); err != nil {
+			errs = append(errs, err)
+			failed++
+		}
+	}
+	bt := cmaBatches.Get().(*cmaBatch)
+	defer cmaBatches.Put(bt)
+	n, pid, op := 0, 0, completion.Read
+	var want uint64
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		batch := bt.ops[:n]
+		n = 0
+		if len(batch) == 1 || ctx.Err() != nil {
+			for _, i := range batch {
+				one(&ops[i])
+			}
+			return
+		}
+		var done int
+		var err error
+		if op == completion.Write {
+			done, err = unix.ProcessVMWritev(pid, bt.liov[:len(batch)], bt.riov[:len(batch)], 0)
+		} else {
+			done, err = unix.ProcessVMReadv(pid, bt.liov[:len(batch)], bt.riov[:len(batch)], 0)
+		}
+		if err != nil || uint64(done) != want {
+			for _, i := range batch {
+				one(&ops[i])
+			}
+		}
+	}
+	for i := range ops {
+		o := &ops[i]
+		if o.b == nil || !o.b.cma {
+			continue
+		}
+		if o.remote.n == 0 || o.remote.n > cmaSmall {
+			one(o)
+			continue
+		}
+		p := cmaPID(o.ep.name)
+		if n == cmaBatchMax || n > 0 && (p != pid || o.op != op) {
+			flush()
+		}
+		if n == 0 {
+			pid, op, want = p, o.op, 0
+		}
+		local := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
+		bt.ops[n] = i
+		bt.liov[n] = unix.Iovec{Base: &local[0], Len: o.remote.n}
+		bt.riov[n] = unix.RemoteIovec{Base: uintptr(o.ep.base + o.remote.off), Len: int(o.remote.n)}
+		want += o.remote.n
+		n++
+	}
+	flush()
+	clear(bt.liov[:])
+	return errs, failed
 }
 
 // cmaCopy moves the op's bytes, in chunks, checking ctx in between.

@@ -215,6 +215,13 @@ type guardCheck struct {
 	err   error
 }
 
+// guardChecks pools the check lists of requests, so that a window of ops
+// allocates none.
+var guardChecks = sync.Pool{New: func() any {
+	s := make([]guardCheck, 0, 64)
+	return &s
+}}
+
 // verifyGuards reads the guard entries of the ops' handles (one job per
 // peer) and sets each check's err.
 func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck) error {

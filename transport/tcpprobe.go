@@ -37,14 +37,15 @@ const (
 
 // tcpProbe is the stall watch of one tcp job (in its xfer).
 type tcpProbe struct {
-	addr      string // "host:port" of the peer endpoint; "" when not tcp
+	name      []byte // the peer endpoint's raw sockaddr; nil when not tcp
+	addr      string // its "host:port", worked out at the first probe
 	completed int
 	since     atomic.Int64  // UnixNano of the last progress or probe
 	state     atomic.Uint64 // generation<<probeStateBits | state
 }
 
-func (p *tcpProbe) reset(addr string) {
-	p.addr, p.completed = addr, 0
+func (p *tcpProbe) reset(name []byte) {
+	p.name, p.addr, p.completed = name, "", 0
 	p.since.Store(time.Now().UnixNano())
 	gen := p.state.Load()>>probeStateBits + 1
 	p.state.Store(gen<<probeStateBits | probeIdle)
@@ -71,7 +72,7 @@ func sockaddrHostPort(b []byte) string {
 func tcpPeerAlive(j *completion.Job) error {
 	x := j.Tag.(*xfer)
 	p := &x.probe
-	if p.addr == "" {
+	if len(p.name) == 0 {
 		return nil
 	}
 	if j.Completed != p.completed {
@@ -87,6 +88,12 @@ func tcpPeerAlive(j *completion.Job) error {
 	case probeIdle:
 		if time.Since(time.Unix(0, p.since.Load())) < stallProbeAfter {
 			return nil
+		}
+		if p.addr == "" {
+			if p.addr = sockaddrHostPort(p.name); p.addr == "" {
+				p.name = nil // not an address this probe can dial
+				return nil
+			}
 		}
 		gen := st &^ probeStateMask
 		if !p.state.CompareAndSwap(st, gen|probeRunning) {

@@ -130,20 +130,16 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	// Same-manager and cma ops are copies, done while the others fly.
 	for i := range ops {
 		o := &ops[i]
-		var err error
-		switch {
-		case o.b == nil:
-			err = o.copy()
-		case o.b.cma:
-			err = cmaCopy(ctx, o)
-		default:
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-			failed++
+		if o.b == nil {
+			if err := o.copy(); err != nil {
+				errs = append(errs, err)
+				failed++
+			}
 		}
 	}
+	var cmaFailed int
+	errs, cmaFailed = cmaCopyAll(ctx, ops, errs)
+	failed += cmaFailed
 	attempted := 0
 	for i := range ops {
 		o := &ops[i]
@@ -183,8 +179,14 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
 func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec) error {
-	var one [1]guardCheck
-	checks := one[:0]
+	pooled := guardChecks.Get().(*[]guardCheck)
+	checks := (*pooled)[:0]
+	defer func() {
+		clear(checks)
+		*pooled = checks[:0]
+		guardChecks.Put(pooled)
+	}()
+	var cmaSeen cmaEntries
 	var checkBackend *backend
 	for i := range ops {
 		o := &ops[i]
@@ -220,7 +222,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 				return err
 			}
 		case b.cma:
-			if err := cmaCheck(o); err != nil {
+			if err := cmaCheck(o, &cmaSeen); err != nil {
 				return err
 			}
 		case b.scratch != nil:
@@ -306,7 +308,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	case "shm":
 		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
 	case "tcp;ofi_rxm":
-		x.probe.reset(sockaddrHostPort(o.ep.name))
+		x.probe.reset(o.ep.name)
 		j.Check = tcpPeerAlive
 	}
 	lv := view{x.local, o.local.off, o.local.n}

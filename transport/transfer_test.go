@@ -107,7 +107,7 @@ func TestRouting(t *testing.T) {
 	m := newManager(t)
 	bs := m.Backends()
 	require.NotEmpty(t, bs)
-	sameNode := bs[0].Provider // cma on libfabric 1.x, shm on 2.x
+	sameNode := bs[0].Provider // cma where process_vm_readv reaches peers, else shm
 	assert.Contains(t, []string{"cma", "shm"}, sameNode)
 	for _, b := range bs {
 		assert.NotEmpty(t, b.Reason)
@@ -539,4 +539,61 @@ func TestActionAllowOverlap(t *testing.T) {
 	assert.ErrorIs(t, a.Submit(ctxTimeout(t, 10*time.Second)), transport.ErrConflict)
 	require.NoError(t, a.AllowOverlap().Submit(ctxTimeout(t, 10*time.Second)))
 	assert.Equal(t, testpeer.Pattern(4096, 3), local.Bytes(), "every read brought the same bytes")
+}
+
+// TestCMABatches: the small ops of one request share process_vm_writev /
+// readv calls on the cma path. The bytes must land where each op says,
+// across batch boundaries, two remote buffers of one owner, and large ops
+// (which go alone) in between.
+func TestCMABatches(t *testing.T) {
+	if ok, why := transport.CMAAvailable(); !ok {
+		t.Skip("cma is not available here: " + why)
+	}
+	m := newManager(t, transport.WithProviders("cma"))
+	peer := testpeer.Start(t, "cma")
+	const nops = 700 // more than one batch
+	sizes := make([]uint64, nops)
+	var total uint64
+	for i := range sizes {
+		sizes[i] = 1 + uint64(i*37)%5000
+		if i%250 == 100 {
+			sizes[i] = 3 << 20 // over the batching size: alone
+		}
+		total += sizes[i]
+	}
+	remotes := []transport.RemoteBuffer{
+		peer.Register(int(total), mr.ReadWrite, 0),
+		peer.Register(int(total), mr.ReadWrite, 0),
+	}
+	mem := alloc(t, int(total))
+	local := register(t, m, mem, 0)
+	testpeer.Fill(mem, 21)
+	want := bytes.Clone(mem)
+
+	each := func(f func(l *transport.Buffer, r transport.RemoteBuffer)) {
+		off := uint64(0)
+		for i, n := range sizes {
+			l, err := local.Slice(off, n)
+			require.NoError(t, err)
+			r, err := remotes[(i/50)%2].Slice(off, n)
+			require.NoError(t, err)
+			f(l, r)
+			off += n
+		}
+	}
+	a := m.NewAction()
+	each(func(l *transport.Buffer, r transport.RemoteBuffer) { a.WriteFrom(r, l) })
+	require.NoError(t, a.Submit(ctxTimeout(t, time.Minute)))
+	got := [][]byte{peer.Get(0, 0, total), peer.Get(1, 0, total)}
+	off := uint64(0)
+	for i, n := range sizes {
+		require.Equal(t, want[off:off+n], got[(i/50)%2][off:off+n], "write %d", i)
+		off += n
+	}
+
+	clear(mem)
+	a = m.NewAction()
+	each(func(l *transport.Buffer, r transport.RemoteBuffer) { a.ReadInto(l, r) })
+	require.NoError(t, a.Submit(ctxTimeout(t, time.Minute)))
+	require.Equal(t, want, mem, "read back")
 }

@@ -75,6 +75,7 @@ func (x *xfer) release() {
 		x.b.scratch.put(s)
 	}
 	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead = nil, nil, nil, nil, x.scratch[:0], 0, false
+	x.probe.name = nil
 	x.job.Reset()
 	xferPool.Put(x)
 }
