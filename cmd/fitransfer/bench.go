@@ -285,12 +285,19 @@ func comparePeer(ctx context.Context, r *benchRow, warmup, window, repeat int, f
 		tool, args = filepath.Join(fabtestsDir, "fi_rma_bw"), []string{"-e", "rdm", "-o", r.Op, "-S", size,
 			"-W", strconv.Itoa(window), "-I", strconv.Itoa(n), "-w", strconv.Itoa(warmup)}
 		if r.Op == "write" {
-			args = append(args, "-U") // fitransfer's writes are delivery complete too
+			// fitransfer's writes are each delivery complete and signaled.
+			// -U alone does not make fi_rma_bw's the same: it posts writes
+			// under the inject size with fi_inject_write, which has no
+			// completion at all; -j 0 turns that off.
+			args = append(args, "-U", "-j", "0")
 		}
 	default:
 		return // no peer tool measures RMA bandwidth without fabtests
 	}
 	r.Peer = filepath.Base(tool)
+	if r.Op == "write" && fabtestsDir != "" {
+		r.Peer += " -U -j 0"
+	}
 	prov := r.Provider
 	if prov == "cma" {
 		prov = "shm" // the peer tools' same-node provider
