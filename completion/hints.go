@@ -228,16 +228,29 @@ func LookupHint(provider string, errno fabric.Errno, provErrno int) (HintRow, bo
 
 // Hint returns the likely meaning of a failed op and its fix, or "".
 func Hint(provider string, errno fabric.Errno, provErrno int) string {
-	if provider == "tcp;ofi_rxm" && errno == fabric.ErrCanceled {
-		// rxm cancels the op and puts the socket error in prov_errno.
-		switch fabric.Errno(provErrno) {
-		case fabric.ErrNotConn, fabric.ErrConnReset, fabric.ErrConnRefused, fabric.Errno(32): // 32: EPIPE
-			return "the connection to the peer is gone: the peer process exited or its endpoint closed"
+	if provider == "tcp;ofi_rxm" {
+		// rxm cancels the op and puts the socket error in prov_errno
+		// (1.17), or reports the socket error itself (2.1). The rows'
+		// efa notes would only mislead here.
+		if connGone(errno) || errno == fabric.ErrCanceled && connGone(fabric.Errno(provErrno)) {
+			return "the connection to the peer is gone: the peer process exited or its endpoint closed; repeat the bootstrap with the peer's current process"
 		}
-		return "tcp;ofi_rxm cancels an op when the target rejects its key or address (buffer closed, or handle altered or stale) or when the connection dropped"
+		if errno == fabric.ErrCanceled {
+			return "tcp;ofi_rxm cancels an op when the target rejects its key or address (buffer closed, or handle altered or stale) or when the connection dropped"
+		}
 	}
 	if r, ok := LookupHint(provider, errno, provErrno); ok {
 		return r.hint()
 	}
 	return ""
+}
+
+// connGone reports whether a socket error means the peer's end of the
+// connection is gone.
+func connGone(e fabric.Errno) bool {
+	switch e {
+	case fabric.ErrNotConn, fabric.ErrConnReset, fabric.ErrConnRefused, fabric.Errno(32): // 32: EPIPE
+		return true
+	}
+	return false
 }

@@ -120,6 +120,13 @@ func TestHintPrecedence(t *testing.T) {
 	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrCanceled, 107), "connection to the peer is gone")
 	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrCanceled, 32), "connection to the peer is gone")
 	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrCanceled, 2), "rejects its key")
+	// 2.1's rxm reports the socket error itself; efa's notes stay out.
+	for _, e := range []fabric.Errno{fabric.ErrNotConn, fabric.ErrConnReset, fabric.ErrConnRefused} {
+		h := Hint("tcp;ofi_rxm", e, 115)
+		assert.Contains(t, h, "connection to the peer is gone", e)
+		assert.NotContains(t, h, "efa", e)
+	}
+	assert.Contains(t, Hint("tcp;ofi_rxm", fabric.ErrTimedOut, 0), "timed out")
 	// No row: no hint.
 	assert.Empty(t, Hint("shm", fabric.ErrNoMem, 0))
 	_, ok := LookupHint("efa", fabric.ErrNoMem, 0)

@@ -431,6 +431,6 @@ func (p *Peer) Close() {
 	case <-p.waitc:
 		p.waitc <- nil
 	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
+		p.Kill()
 	}
 }
