@@ -71,7 +71,7 @@ demo: build
 # fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong when
 # FABTESTS_BIN names a directory holding them. Then the Go benchmarks.
 bench: build
-	./$(BIN) bench --compare
+	./$(BIN) bench --compare --repeat 3
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
 
 # The reliability runs (docs/RELIABILITY.md): a minute of random

@@ -251,11 +251,12 @@ func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) 
 			continue
 		}
 		if o.remote.n == 0 || o.remote.n > cmaSmall {
+			flush() // ops run in the request's order
 			one(o)
 			continue
 		}
 		p := cmaPID(o.ep.name)
-		if n == cmaBatchMax || n > 0 && (p != pid || o.op != op) {
+		if n == cmaBatchMax || n > 0 && (p != pid || o.op != op || want+o.remote.n > cmaChunk) {
 			flush()
 		}
 		if n == 0 {
