@@ -10,16 +10,23 @@ import (
 	"github.com/fitransfer/fitransfer/transport"
 )
 
+// benchPeer starts a peer process on prov with a 1 MiB buffer, and a
+// manager forced onto prov with a 1 MiB buffer of its own.
+func benchPeer(b *testing.B, prov string) (*transport.Manager, transport.RemoteBuffer, *transport.Buffer) {
+	m := newManager(b, transport.WithProviders(prov))
+	peer := testpeer.Start(b, prov)
+	remote := peer.Register(1<<20, mr.ReadWrite, 1)
+	local := register(b, m, alloc(b, 1<<20), 0)
+	return m, remote, local
+}
+
 // BenchmarkTransfer measures one synchronous transfer at a time with a
 // peer process, per provider and size: MB/s (decimal) and allocations per
 // op. `make bench` prints it next to the peer tools.
 func BenchmarkTransfer(b *testing.B) {
 	sizes := []int{8, 4 << 10, 64 << 10, 1 << 20}
 	for _, prov := range providers {
-		m := newManager(b, transport.WithProviders(prov))
-		peer := testpeer.Start(b, prov)
-		remote := peer.Register(1<<20, mr.ReadWrite, 1)
-		local := register(b, m, alloc(b, 1<<20), 0)
+		m, remote, local := benchPeer(b, prov)
 		ctx := context.Background()
 		for _, op := range []string{"ReadInto", "WriteFrom"} {
 			for _, size := range sizes {
@@ -56,10 +63,7 @@ func BenchmarkAction(b *testing.B) {
 	const window = 64
 	sizes := []int{8, 4 << 10, 64 << 10}
 	for _, prov := range providers {
-		m := newManager(b, transport.WithProviders(prov))
-		peer := testpeer.Start(b, prov)
-		remote := peer.Register(1<<20, mr.ReadWrite, 1)
-		local := register(b, m, alloc(b, 1<<20), 0)
+		m, remote, local := benchPeer(b, prov)
 		ctx := context.Background()
 		for _, op := range []string{"ReadInto", "WriteFrom"} {
 			for _, size := range sizes {
