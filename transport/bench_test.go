@@ -39,17 +39,7 @@ func BenchmarkTransfer(b *testing.B) {
 						}
 						return m.WriteFrom(ctx, r, l)
 					}
-					if err := run(); err != nil { // connect and warm up
-						b.Fatal(err)
-					}
-					b.SetBytes(int64(size))
-					b.ReportAllocs()
-					b.ResetTimer()
-					for i := 0; i < b.N; i++ {
-						if err := run(); err != nil {
-							b.Fatal(err)
-						}
-					}
+					measure(b, int64(size), run)
 				})
 			}
 		}
@@ -82,19 +72,25 @@ func BenchmarkAction(b *testing.B) {
 						}
 						return a.Submit(ctx)
 					}
-					if err := run(); err != nil { // connect and warm up
-						b.Fatal(err)
-					}
-					b.SetBytes(int64(size) * window)
-					b.ReportAllocs()
-					b.ResetTimer()
-					for i := 0; i < b.N; i++ {
-						if err := run(); err != nil {
-							b.Fatal(err)
-						}
-					}
+					measure(b, int64(size)*window, run)
 				})
 			}
+		}
+	}
+}
+
+// measure calls run once to connect and warm up, then b.N times, with
+// bytesPerCall bytes moved by each call.
+func measure(b *testing.B, bytesPerCall int64, run func() error) {
+	if err := run(); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(bytesPerCall)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := run(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
