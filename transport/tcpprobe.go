@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // A tcp;ofi_rxm peer whose process died does not always make its ops
@@ -114,4 +115,41 @@ func tcpPeerAlive(j *completion.Job) error {
 		}(p.addr)
 	}
 	return nil
+}
+
+// tcpPeerGoneAfter explains a tcp job that failed with cancellations only.
+// rxm reports the ops of a peer that died as FI_ECANCELED, and its
+// prov_errno does not always name the socket error (ENOENT was seen, the
+// same as for a key the owner rejected). One dial of the peer's endpoint
+// tells the two apart: "connection refused" means nothing listens there any
+// more, and the peer is gone. It returns nil when the errors say enough
+// already or the peer still listens.
+func tcpPeerGoneAfter(j *completion.Job, name []byte) error {
+	if len(j.Errs) == 0 {
+		return nil
+	}
+	for _, e := range j.Errs {
+		var ce *completion.Error
+		if !errors.As(e, &ce) || ce.Errno != fabric.ErrCanceled {
+			return nil // not only cancellations: the others explain it
+		}
+		switch syscall.Errno(ce.ProvErrno) {
+		case syscall.ENOTCONN, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE:
+			return nil // the socket error already says the connection is gone
+		}
+	}
+	addr := sockaddrHostPort(name)
+	if addr == "" {
+		return nil
+	}
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err == nil {
+		c.Close()
+		return nil
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	return &completion.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
+		Cause: "nothing listens at " + addr + " any more (connection refused): its process exited or closed its endpoint"}
 }

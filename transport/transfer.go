@@ -164,6 +164,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 				failed++
 			}
 		}
+		if o.b.provider == "tcp;ofi_rxm" {
+			if gone := tcpPeerGoneAfter(j, o.ep.name); gone != nil {
+				errs = append(errs, gone) // not a chunk: the explanation, which leads the error
+			}
+		}
 		o.x.release()
 		o.x, o.submitted = nil, false
 	}

@@ -430,6 +430,9 @@ func (p *Peer) Close() {
 	select {
 	case <-p.waitc:
 		p.waitc <- nil
+		// A child whose shm endpoint was wedged exits without closing it,
+		// which leaves its region behind.
+		removeShmRegions(p.cmd.Process.Pid)
 	case <-time.After(10 * time.Second):
 		p.Kill()
 	}

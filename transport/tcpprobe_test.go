@@ -1,0 +1,65 @@
+package transport
+
+import (
+	"encoding/binary"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+// sockaddrIn is the raw sockaddr_in of a TCP address, as fi_getname gives.
+func sockaddrIn(t *testing.T, addr *net.TCPAddr) []byte {
+	t.Helper()
+	b := make([]byte, 16)
+	binary.LittleEndian.PutUint16(b[0:2], syscall.AF_INET)
+	binary.BigEndian.PutUint16(b[2:4], uint16(addr.Port))
+	copy(b[4:8], addr.IP.To4())
+	return b
+}
+
+func TestTCPPeerGoneAfter(t *testing.T) {
+	live, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer live.Close()
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadName := sockaddrIn(t, dead.Addr().(*net.TCPAddr))
+	require.NoError(t, dead.Close()) // nothing listens there now
+	liveName := sockaddrIn(t, live.Addr().(*net.TCPAddr))
+
+	canceled := func(provErrno int) error {
+		return &completion.Error{Op: completion.Read, Errno: fabric.ErrCanceled, ProvErrno: provErrno}
+	}
+	tests := []struct {
+		name   string
+		errs   []error
+		peer   []byte
+		isGone bool
+	}{
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, true},
+		{"canceled, the owner listens (a rejected key)", []error{canceled(2)}, liveName, false},
+		{"the socket error says it already", []error{canceled(int(syscall.ENOTCONN))}, deadName, false},
+		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, false},
+		{"no errors", nil, deadName, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := &completion.Job{Op: completion.Read, PeerName: "peer-x", Errs: tt.errs}
+			err := tcpPeerGoneAfter(j, tt.peer)
+			if !tt.isGone {
+				assert.NoError(t, err)
+				return
+			}
+			var gone *completion.PeerGoneError
+			require.ErrorAs(t, err, &gone)
+			assert.Contains(t, err.Error(), "peer-x")
+			assert.Contains(t, err.Error(), "connection refused")
+		})
+	}
+}
