@@ -28,9 +28,17 @@ func fiInfo(t *testing.T, args ...string) string {
 // the process id.
 var shmAddr = regexp.MustCompile(`fi_(shm|sm2)://\d+`)
 
-// samePID replaces the pid in shm addresses: fi_info's and ours differ
-// only there, because they are different processes.
-func samePID(s string) string { return shmAddr.ReplaceAllString(s, "fi_$1://PID") }
+// strAddrLens are the address lengths of an fi_info with string
+// addresses (shm's "fi_shm://PID..."), which follow the pid's digits.
+var strAddrLens = regexp.MustCompile(`(addr_format: FI_ADDR_STR\n\s+src_addrlen: )\d+(\n\s+dest_addrlen: )\d+`)
+
+// samePID replaces the pid in shm addresses, and the address lengths that
+// follow its number of digits: fi_info's and ours differ only there,
+// because they are different processes.
+func samePID(s string) string {
+	s = strAddrLens.ReplaceAllString(s, "${1}N${2}N")
+	return shmAddr.ReplaceAllString(s, "fi_$1://PID")
+}
 
 func TestInfoMatchesFiInfo(t *testing.T) {
 	cases := [][]string{
@@ -179,4 +187,12 @@ func TestInfoNoPanicOnAnyCombination(t *testing.T) {
 		_, stderr, code := runCLI(append([]string{"info"}, args...)...)
 		assert.Contains(t, []int{0, 1}, code, "%v: %s", args, stderr)
 	}
+}
+
+func TestSamePID(t *testing.T) {
+	mine := "    addr_format: FI_ADDR_STR\n    src_addrlen: 14\n    dest_addrlen: 14\n    src_addr: fi_shm://9876\n"
+	theirs := "    addr_format: FI_ADDR_STR\n    src_addrlen: 15\n    dest_addrlen: 15\n    src_addr: fi_shm://10234\n"
+	assert.Equal(t, samePID(theirs), samePID(mine), "pids of other lengths")
+	inet := "    addr_format: FI_SOCKADDR_IN\n    src_addrlen: 16\n"
+	assert.Equal(t, inet, samePID(inet), "other address formats keep their lengths")
 }
