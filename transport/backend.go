@@ -75,7 +75,6 @@ func (b *backend) blocked() error {
 type peer struct {
 	addr uint64 // fi_addr_t
 	name string // printable
-	cma  int8   // shm: process_vm_readv reaches it (1), does not (-1), unknown (0)
 }
 
 func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason, role string, chunkCap uint64) *backend {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -61,7 +60,7 @@ var cmaPath struct {
 // not when it does not.
 func cmaAvailable() (bool, string) {
 	cmaPath.once.Do(func() {
-		scope := strings.TrimSpace(readTrimmed("/proc/sys/kernel/yama/ptrace_scope"))
+		scope := yamaPtraceScope()
 		switch {
 		case os.Getenv("FITRANSFER_CMA") == "0":
 			cmaPath.why = "disabled by FITRANSFER_CMA=0"
@@ -73,6 +72,10 @@ func cmaAvailable() (bool, string) {
 	})
 	return cmaPath.ok, cmaPath.why
 }
+
+// yamaPtraceScope is the yama LSM's ptrace_scope ("" without yama): above
+// 0 it restricts process_vm_readv/writev to descendants or less.
+func yamaPtraceScope() string { return readTrimmed("/proc/sys/kernel/yama/ptrace_scope") }
 
 func cmaName(pid int) []byte { return []byte(strconv.Itoa(pid)) }
 
@@ -90,7 +93,7 @@ type cmaReach struct {
 	seen map[int]bool
 }
 
-// reaches probes pid once (reading one byte at addr) and remembers.
+// reaches probes pid once (cmaReaches) and remembers.
 func (c *cmaReach) reaches(pid int, addr uint64) bool {
 	c.mu.Lock()
 	ok, known := c.seen[pid]
@@ -98,10 +101,7 @@ func (c *cmaReach) reaches(pid int, addr uint64) bool {
 	if known {
 		return ok
 	}
-	var b [1]byte
-	n, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &b[0], Len: 1}},
-		[]unix.RemoteIovec{{Base: uintptr(addr), Len: 1}}, 0)
-	ok = err == nil && n == 1
+	ok = cmaReaches(pid, addr)
 	c.mu.Lock()
 	if c.seen == nil {
 		c.seen = map[int]bool{}

@@ -36,7 +36,7 @@ var cmaSetting struct {
 // take its single-copy path the same way fitransfer's own check does.
 func shmSingleCopyAllowed() bool {
 	cmaSetting.once.Do(func() {
-		scope := strings.TrimSpace(readTrimmed("/proc/sys/kernel/yama/ptrace_scope"))
+		scope := yamaPtraceScope()
 		cmaSetting.ok = ofi.RuntimeVersion().Major() == 1 &&
 			!fabric.EnvTruthy("FI_SHM_DISABLE_CMA") && (scope == "" || scope == "0")
 	})
@@ -73,28 +73,16 @@ func cmaReaches(pid int, addr uint64) bool {
 }
 
 // writeFlags is the completion flag for a write over b to the endpoint of
-// a handle: see the comment at the top of this file.
-func (m *Manager) writeFlags(b *backend, p *peer, ep *remoteEP) uint64 {
+// a handle, whose process is pid on shm: see the comment at the top of
+// this file.
+func (m *Manager) writeFlags(b *backend, ep *remoteEP, pid int) uint64 {
 	switch {
 	case m.cfg.transmitComplete:
 		return uint64(ofi.OpTransmitComplete)
 	case b.provider != "shm" || ep.guard == nil || !shmSingleCopyAllowed():
 		return uint64(ofi.OpDeliveryComplete)
 	}
-	if p.cma == 0 {
-		reach := int8(-1)
-		if pid := shmPeerPID(ep.name); pid > 0 && cmaReaches(pid, ep.guard.table) {
-			reach = 1
-		}
-		p.cma = reach
-		b.mu.Lock()
-		if q, ok := b.peers[string(ep.name)]; ok {
-			q.cma = reach
-			b.peers[string(ep.name)] = q
-		}
-		b.mu.Unlock()
-	}
-	if p.cma > 0 {
+	if pid > 0 && m.reach.reaches(pid, ep.guard.table) {
 		return uint64(ofi.OpTransmitComplete)
 	}
 	return uint64(ofi.OpDeliveryComplete)

@@ -306,15 +306,15 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	}
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
-	if o.op == completion.Write {
-		j.Flags = m.writeFlags(b, &p, o.ep)
-	}
 	switch b.provider {
 	case "shm":
 		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
 	case "tcp;ofi_rxm":
 		x.probe.reset(o.ep.name)
 		j.Check = tcpPeerAlive
+	}
+	if o.op == completion.Write {
+		j.Flags = m.writeFlags(b, o.ep, x.pid)
 	}
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()
