@@ -232,7 +232,7 @@ func Hint(provider string, errno fabric.Errno, provErrno int) string {
 		// rxm cancels the op and puts the socket error in prov_errno
 		// (1.17), or reports the socket error itself (2.1). The rows'
 		// efa notes would only mislead here.
-		if connGone(errno) || errno == fabric.ErrCanceled && connGone(fabric.Errno(provErrno)) {
+		if ConnGone(errno) || errno == fabric.ErrCanceled && ConnGone(fabric.Errno(provErrno)) {
 			return "the connection to the peer is gone: the peer process exited or its endpoint closed; repeat the bootstrap with the peer's current process"
 		}
 		if errno == fabric.ErrCanceled {
@@ -245,9 +245,9 @@ func Hint(provider string, errno fabric.Errno, provErrno int) string {
 	return ""
 }
 
-// connGone reports whether a socket error means the peer's end of the
-// connection is gone.
-func connGone(e fabric.Errno) bool {
+// ConnGone reports whether a socket error (an fi_errno, or tcp;ofi_rxm's
+// prov_errno) means the peer's end of the connection is gone.
+func ConnGone(e fabric.Errno) bool {
 	switch e {
 	case fabric.ErrNotConn, fabric.ErrConnReset, fabric.ErrConnRefused, fabric.Errno(32): // 32: EPIPE
 		return true

@@ -84,8 +84,7 @@ func tcpPeerAlive(j *completion.Job) error {
 	st := p.state.Load()
 	switch st & probeStateMask {
 	case probeRefused:
-		return &completion.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
-			Cause: "nothing listens at " + p.addr + " any more (connection refused): its process exited or closed its endpoint"}
+		return tcpPeerGone(j, p.addr)
 	case probeIdle:
 		if time.Since(time.Unix(0, p.since.Load())) < stallProbeAfter {
 			return nil
@@ -101,12 +100,8 @@ func tcpPeerAlive(j *completion.Job) error {
 			return nil
 		}
 		go func(addr string) {
-			c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-			if err == nil {
-				c.Close()
-			}
 			next := probeIdle
-			if errors.Is(err, syscall.ECONNREFUSED) {
+			if nothingListens(addr) {
 				next = probeRefused
 			} else if p.state.Load() == gen|probeRunning {
 				p.since.Store(time.Now().UnixNano())
@@ -133,23 +128,29 @@ func tcpPeerGoneAfter(j *completion.Job, name []byte) error {
 		if !errors.As(e, &ce) || ce.Errno != fabric.ErrCanceled {
 			return nil // not only cancellations: the others explain it
 		}
-		switch syscall.Errno(ce.ProvErrno) {
-		case syscall.ENOTCONN, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE:
+		if completion.ConnGone(fabric.Errno(ce.ProvErrno)) {
 			return nil // the socket error already says the connection is gone
 		}
 	}
-	addr := sockaddrHostPort(name)
-	if addr == "" {
-		return nil
+	if addr := sockaddrHostPort(name); addr != "" && nothingListens(addr) {
+		return tcpPeerGone(j, addr)
 	}
+	return nil
+}
+
+// nothingListens dials addr once: true when the connection is refused.
+// A live peer, even a stopped one (the kernel completes the handshake),
+// sees a connection that closes at once.
+func nothingListens(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 	if err == nil {
 		c.Close()
-		return nil
 	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return nil
-	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// tcpPeerGone is the error of a tcp job whose peer no longer listens.
+func tcpPeerGone(j *completion.Job, addr string) error {
 	return &completion.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
 		Cause: "nothing listens at " + addr + " any more (connection refused): its process exited or closed its endpoint"}
 }
