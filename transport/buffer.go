@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/fitransfer/fitransfer/internal/ofi"
@@ -38,6 +39,8 @@ type bufState struct {
 	refs         int  // transfers using the memory
 	closed       bool // no new transfers
 	deregistered bool
+	stuck        int           // refs of transfers whose ops may never complete
+	drained      chan struct{} // a Close waiting for refs to reach stuck
 }
 
 // Register registers mem for RMA on every backend of the manager, with
@@ -153,9 +156,16 @@ func (b *Buffer) Remote() RemoteBuffer {
 }
 
 // Close deregisters the buffer: peers' later transfers with its handles
-// fail, and the manager's transfers with it are refused. Transfers still
-// in flight keep the registration until they end. Closing twice, or after
-// the manager closed, is a no-op.
+// fail, and the manager's transfers with it are refused. When it returns
+// nil, libfabric is done with the memory and the caller may free it.
+//
+// A transfer that ended by its deadline or context can leave ops with the
+// provider; they still read or write the memory until they complete.
+// Close waits for them, up to the manager's timeout (WithTimeout). If they
+// are still in flight then, it returns an *InUseError: the registration
+// stays until they end or the manager closes, and the memory must not be
+// freed before Manager.Close returns. Closing twice, or after the manager
+// closed, is a no-op.
 func (b *Buffer) Close() error {
 	st := b.st
 	st.mu.Lock()
@@ -165,6 +175,11 @@ func (b *Buffer) Close() error {
 	}
 	st.closed = true
 	idle := st.refs == 0
+	var drained chan struct{}
+	if !idle && st.refs > st.stuck {
+		drained = make(chan struct{})
+		st.drained = drained
+	}
 	st.mu.Unlock()
 	st.m.bufsMu.Lock()
 	delete(st.m.bufs, st.id)
@@ -172,8 +187,48 @@ func (b *Buffer) Close() error {
 	st.revokeGuard()
 	if idle {
 		st.deregister()
+		return nil
 	}
-	return nil
+	wait := st.m.cfg.timeout
+	if drained != nil {
+		t := time.NewTimer(wait)
+		select {
+		case <-drained:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	st.mu.Lock()
+	refs, stuck := st.refs, st.stuck
+	st.drained = nil // from now on the last unref deregisters
+	st.mu.Unlock()
+	if refs == 0 {
+		st.deregister()
+		return nil
+	}
+	e := &InUseError{Buffer: st.id, Transfers: refs, Stuck: stuck}
+	if refs > stuck {
+		e.Waited = wait
+	}
+	return e
+}
+
+// addStuck counts transfers holding the buffer whose ops may never
+// complete; a Close waiting only for such transfers stops waiting.
+func (st *bufState) addStuck(delta int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.stuck += delta
+	st.wakeCloser()
+}
+
+// wakeCloser lets a waiting Close go on once only stuck transfers, or
+// none, hold the buffer. Under st.mu.
+func (st *bufState) wakeCloser() {
+	if st.drained != nil && st.refs <= st.stuck {
+		close(st.drained)
+		st.drained = nil
+	}
 }
 
 // ref holds the registration for a transfer; it fails once closed.
@@ -193,6 +248,10 @@ func (st *bufState) unref() {
 	st.mu.Lock()
 	st.refs--
 	last := st.refs == 0 && st.closed && !st.deregistered
+	if st.drained != nil {
+		st.wakeCloser()
+		last = false // the waiting Close deregisters
+	}
 	st.mu.Unlock()
 	if last {
 		go st.deregister()

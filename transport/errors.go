@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
 )
@@ -81,4 +82,24 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
+}
+
+// InUseError is a Buffer.Close that returned with transfers whose ops are
+// still with the provider: the memory is still in use. Stuck of them may
+// never complete (their shm peer died, or their endpoint is blocked);
+// Close waited Waited for the others.
+type InUseError struct {
+	Buffer    uint64
+	Transfers int
+	Stuck     int
+	Waited    time.Duration
+}
+
+func (e *InUseError) Error() string {
+	why := fmt.Sprintf("still have ops in flight after %v", e.Waited)
+	if e.Waited == 0 {
+		why = "still have ops in flight that may never complete (their peer died or their endpoint is blocked)"
+	}
+	return fmt.Sprintf("buffer %d: %d transfer(s) %s; the registration stays until they complete, "+
+		"so do not free or reuse the memory before Manager.Close returns", e.Buffer, e.Transfers, why)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -510,6 +511,76 @@ func TestStoppedOwnerTimesOut(t *testing.T) {
 			peer.Continue()
 			require.Eventually(t, func() bool { return m.WriteFrom(ctxTimeout(t, 5*time.Second), remote, local) == nil },
 				20*time.Second, 100*time.Millisecond, "a new transfer works after SIGCONT")
+		})
+	}
+}
+
+// TestCloseWaitsForOpsInFlight: a transfer that ended by its context can
+// leave ops with the provider, which still use the local memory. Close
+// must not return nil (the caller then frees the memory) until they are
+// done: it waits for them, and says so with an *InUseError when they
+// outlast the manager's timeout. The owner is stopped, so the ops cannot
+// complete until it continues (tcp: a delivery-complete write needs the
+// owner's answer; the single-copy paths need no owner).
+func TestCloseWaitsForOpsInFlight(t *testing.T) {
+	prov := "tcp;ofi_rxm"
+	if !slices.Contains(providers, prov) {
+		t.Skip("needs tcp;ofi_rxm")
+	}
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration // the manager's: how long Close waits
+		resume  bool          // the owner continues while Close waits
+	}{
+		{"ops complete while Close waits", time.Minute, true},
+		{"ops outlast the wait", time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(tc.timeout))
+			peer := testpeer.Start(t, prov)
+			const n = 4 << 20
+			remote := peer.Register(n, mr.ReadWrite, 1)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+			require.NoError(t, m.WriteFrom(ctxTimeout(t, time.Minute), remote, local)) // connected
+			peer.Stop()
+			defer peer.Continue()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err := m.WriteFrom(ctx, remote, local)
+			var to *completion.TimeoutError
+			require.ErrorAs(t, err, &to, "the write cannot complete with its owner stopped")
+
+			closed := make(chan error, 1)
+			go func() { closed <- local.Close() }()
+			if tc.resume {
+				select {
+				case err := <-closed:
+					t.Fatalf("Close returned (%v) while the stopped owner keeps the write in flight", err)
+				case <-time.After(500 * time.Millisecond):
+				}
+				peer.Continue()
+				select {
+				case err := <-closed:
+					require.NoError(t, err, "the write completed: the buffer is deregistered and its memory free to go")
+				case <-time.After(30 * time.Second):
+					t.Fatal("Close still waiting 30 s after the owner continued")
+				}
+				return
+			}
+			select {
+			case err := <-closed:
+				var inUse *transport.InUseError
+				require.ErrorAs(t, err, &inUse, "Close gave up waiting: it must say the memory is still in use")
+				assert.Equal(t, 1, inUse.Transfers)
+				assert.Equal(t, tc.timeout, inUse.Waited)
+				assert.Contains(t, err.Error(), "do not free or reuse the memory")
+				t.Log(err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("Close did not return 30 s into a 1 s wait")
+			}
+			peer.Continue()
+			require.NoError(t, m.Close()) // before the cleanups free the memory
 		})
 	}
 }

@@ -28,6 +28,7 @@ type xfer struct {
 	scratch []uint32
 	pid     int      // shm: the peer's process, for peerAlive
 	dead    bool     // shm: abandoned with ops in flight to a dead peer
+	stuck   bool     // shm: ended with ops in flight that may never complete
 	probe   tcpProbe // tcp: the stall watch
 }
 
@@ -61,6 +62,9 @@ func xferIdle(j *completion.Job) {
 	if x.dead {
 		x.b.deadOps.Add(-1) // its ops completed after all
 	}
+	if x.stuck && x.local != nil {
+		x.local.addStuck(-1)
+	}
 	x.release()
 }
 
@@ -74,7 +78,7 @@ func (x *xfer) release() {
 	for _, s := range x.scratch {
 		x.b.scratch.put(s)
 	}
-	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead = nil, nil, nil, nil, x.scratch[:0], 0, false
+	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead, x.stuck = nil, nil, nil, nil, x.scratch[:0], 0, false, false
 	x.probe.name = nil
 	x.job.Reset()
 	xferPool.Put(x)
@@ -87,12 +91,28 @@ func (x *xfer) release() {
 func peerAlive(j *completion.Job) error {
 	x := j.Tag.(*xfer)
 	if x.pid <= 0 || unix.Kill(x.pid, 0) != unix.ESRCH {
-		return x.b.blocked()
+		err := x.b.blocked()
+		if err != nil {
+			x.markStuck(j)
+		}
+		return err
 	}
 	if j.InFlight() > 0 && !x.dead {
 		x.dead = true
 		x.b.abandonDead(j.PeerName)
 	}
+	x.markStuck(j)
 	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName,
 		Cause: "process " + strconv.Itoa(x.pid) + " no longer exists"}
+}
+
+// markStuck records, once, that x ends with ops in flight that may never
+// complete (the peer died, or the endpoint is blocked behind such ops):
+// its local buffer's Close need not wait for them.
+func (x *xfer) markStuck(j *completion.Job) {
+	if x.stuck || j.InFlight() == 0 || x.local == nil {
+		return
+	}
+	x.stuck = true
+	x.local.addStuck(1)
 }
