@@ -11,6 +11,7 @@
 package bootstrap
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -116,12 +117,15 @@ func Decode(b []byte) (Message, error) {
 // Conn is one side of a bootstrap connection.
 type Conn struct {
 	c       net.Conn
+	r       *bufio.Reader // keeps what a Pending or a timed-out read got
 	timeout time.Duration
 }
 
 // NewConn wraps c; timeout bounds every read and write that does not
 // give its own.
-func NewConn(c net.Conn, timeout time.Duration) *Conn { return &Conn{c: c, timeout: timeout} }
+func NewConn(c net.Conn, timeout time.Duration) *Conn {
+	return &Conn{c: c, r: bufio.NewReader(c), timeout: timeout}
+}
 
 // Dial connects to a server within timeout.
 func Dial(addr string, timeout time.Duration) (*Conn, error) {
@@ -161,7 +165,7 @@ func (c *Conn) Recv(timeout time.Duration) (Message, error) {
 		timeout = c.timeout
 	}
 	_ = c.c.SetReadDeadline(time.Now().Add(timeout))
-	b, err := ReadFrame(c.c)
+	b, err := ReadFrame(c.r)
 	if err != nil {
 		return Message{}, err
 	}
@@ -173,6 +177,19 @@ func (c *Conn) Recv(timeout time.Duration) (Message, error) {
 		return m, &RemoteError{Text: m.Error}
 	}
 	return m, nil
+}
+
+// Pending reports whether the other side sent something not read yet
+// (a message, or the end of the connection), waiting at most wait for
+// it. Nothing is consumed: Recv reads it.
+func (c *Conn) Pending(wait time.Duration) bool {
+	if c.r.Buffered() > 0 {
+		return true
+	}
+	_ = c.c.SetReadDeadline(time.Now().Add(wait))
+	_, err := c.r.Peek(1)
+	var ne net.Error
+	return err == nil || !(errors.As(err, &ne) && ne.Timeout())
 }
 
 // Expect reads a message and checks its type.
@@ -189,6 +206,16 @@ func (c *Conn) Expect(typ string, timeout time.Duration) (Message, error) {
 
 // Close closes the connection.
 func (c *Conn) Close() error { return c.c.Close() }
+
+// CloseRead ends reading: a Recv blocked now, and every later one, fails
+// at once with io.EOF, while Send still works (to tell the other side
+// why). Connections without a read half to close are closed.
+func (c *Conn) CloseRead() error {
+	if cr, ok := c.c.(interface{ CloseRead() error }); ok {
+		return cr.CloseRead()
+	}
+	return c.c.Close()
+}
 
 // RemoteError is an error the other side reported.
 type RemoteError struct{ Text string }

@@ -42,6 +42,8 @@ type Session struct {
 	remote   transport.RemoteBuffer
 	Route    transport.Route
 	Provider string
+
+	ended *bootstrap.RemoteError // what the server said when it ended the session
 }
 
 // Connect opens a session with the server: hello (with this manager's
@@ -156,12 +158,12 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = mr.Free(mem) }()
 	local, err := cfg.Manager.Register(mem, 0)
 	if err != nil {
+		_ = mr.Free(mem)
 		return nil, err
 	}
-	defer local.Close()
+	defer func() { _ = release(local, mem) }()
 
 	var rows []Row
 	for si, size := range cfg.Sizes {
@@ -186,7 +188,7 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 		row, err := s.measure(ctx, local, mem, size, win, iters, seed)
 		rows = append(rows, row)
 		if err != nil {
-			return rows, err
+			return rows, s.explain(ctx, err)
 		}
 	}
 	return rows, nil
@@ -264,6 +266,28 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 	}
 	return finish(nil)
 }
+
+// explain puts the server's own word first on a failed run: a server
+// that ends a session (interrupted, or it hit an error) says why on the
+// bootstrap connection before its endpoints go, while the client only
+// sees its RMA fail with the peer gone. It waits briefly for such a
+// message; without one, err is returned as it is.
+func (s *Session) explain(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	re := s.ended
+	if re == nil {
+		_, rerr := s.conn.Recv(explainWait)
+		if !errors.As(rerr, &re) {
+			return err
+		}
+	}
+	return fmt.Errorf("the server ended the session (%s): %w", re.Text, err)
+}
+
+// explainWait bounds explain's wait for the server's message.
+const explainWait = 300 * time.Millisecond
 
 // verify asks the server whether a write left the pattern of seed.
 func (s *Session) verify(size, seed uint64) (bool, error) {

@@ -2,6 +2,7 @@ package perftest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,10 +46,25 @@ func (p *PingPongBuffer) Hello() bootstrap.Message {
 	return bootstrap.Message{Handle: h}
 }
 
-// Close deregisters and frees the buffer.
-func (p *PingPongBuffer) Close() {
-	_ = p.buf.Close()
-	_ = mr.Free(p.mem)
+// Close deregisters and frees the buffer (the memory stays allocated
+// when ops of an interrupted transfer still use it).
+func (p *PingPongBuffer) Close() error { return release(p.buf, p.mem) }
+
+// serverGone is the client's stall check: the server sends nothing
+// during a pingpong unless it ends the session (with an error message,
+// or by closing the connection).
+func (s *Session) serverGone() error {
+	if !s.conn.Pending(time.Millisecond) {
+		return nil
+	}
+	_, err := s.conn.Recv(s.cfg.Timeout)
+	if errors.As(err, &s.ended) {
+		return errors.New("the server stopped answering") // explain leads with what it said
+	}
+	if err != nil {
+		return fmt.Errorf("the server closed the session: %w", err)
+	}
+	return errors.New("the server sent a message in the middle of the pingpong")
 }
 
 // RunPingPong measures RMA write ping-pong latency, as ib_write_lat does:
@@ -94,7 +110,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 				runErr = err
 				break
 			}
-			if err := WaitByte(ctx, recv, mark, cfg.Timeout, cfg.Manager.Poll); err != nil {
+			if err := WaitByte(ctx, recv, mark, cfg.Timeout, cfg.Manager.Poll, s.serverGone); err != nil {
 				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
 				break
 			}
@@ -126,7 +142,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		}
 		rows = append(rows, row)
 		if runErr != nil {
-			return rows, runErr
+			return rows, s.explain(ctx, runErr)
 		}
 	}
 	return rows, nil

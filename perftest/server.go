@@ -32,7 +32,15 @@ type Server struct {
 	idle    time.Duration
 	wg      sync.WaitGroup
 	clients atomic.Int64
+
+	mu       sync.Mutex
+	sessions map[*bootstrap.Conn]struct{} // open client connections
+	stopping bool                         // ctx ended: sessions end at once
 }
+
+// ErrInterrupted ends the sessions of a server whose Serve context ended
+// (Ctrl-C on `fitransfer serve`); their clients are told so.
+var ErrInterrupted = errors.New("server interrupted")
 
 // Listen registers the server's shared buffer (size bytes, the pattern of
 // seed 0) and listens on addr.
@@ -66,10 +74,8 @@ func (s *Server) Handle() transport.RemoteBuffer { return s.shared.Remote() }
 // once. A client that misbehaves gets an error message and a log line;
 // the server goes on with the others.
 func (s *Server) Serve(ctx context.Context, once bool) error {
-	go func() {
-		<-ctx.Done()
-		_ = s.ln.Close()
-	}()
+	stop := context.AfterFunc(ctx, s.stop)
+	defer stop()
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -85,6 +91,11 @@ func (s *Server) Serve(ctx context.Context, once bool) error {
 			defer s.wg.Done()
 			conn := bootstrap.NewConn(c, HelloTimeout)
 			defer conn.Close()
+			if !s.track(conn) {
+				_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: ErrInterrupted.Error()})
+				return
+			}
+			defer s.untrack(conn)
 			if err := s.session(ctx, conn); err != nil {
 				s.logf("client %s: %v", c.RemoteAddr(), err)
 			}
@@ -97,22 +108,57 @@ func (s *Server) Serve(ctx context.Context, once bool) error {
 	}
 }
 
+// stop ends accepting and every session's reading: a session waiting for
+// its client's next message returns at once.
+func (s *Server) stop() {
+	_ = s.ln.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopping = true
+	for c := range s.sessions {
+		_ = c.CloseRead()
+	}
+}
+
+// track records an open session, or reports false when the server stops.
+func (s *Server) track(c *bootstrap.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return false
+	}
+	if s.sessions == nil {
+		s.sessions = make(map[*bootstrap.Conn]struct{})
+	}
+	s.sessions[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(c *bootstrap.Conn) {
+	s.mu.Lock()
+	delete(s.sessions, c)
+	s.mu.Unlock()
+}
+
 // Clients counts the sessions started.
 func (s *Server) Clients() int64 { return s.clients.Load() }
 
-// Close frees the shared buffer (after Serve returned).
-func (s *Server) Close() {
-	_ = s.shared.Close()
-	_ = mr.Free(s.mem)
-}
+// Close deregisters and frees the shared buffer (after Serve returned).
+func (s *Server) Close() error { return release(s.shared, s.mem) }
 
 // session serves one client.
 func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	fail := func(err error) error {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: the session ended before the client was done", ErrInterrupted)
+		}
 		_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: err.Error()})
 		return err
 	}
 	hello, err := conn.Expect(bootstrap.TypeHello, HelloTimeout)
+	if err != nil && ctx.Err() != nil {
+		return fail(err)
+	}
 	if err != nil {
 		var ve *bootstrap.VersionError
 		if errors.As(err, &ve) {
@@ -137,12 +183,16 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	if err != nil {
 		return fail(err)
 	}
-	defer func() { _ = mr.Free(mem) }()
 	buf, err := s.m.Register(mem, mr.ReadWrite)
 	if err != nil {
+		_ = mr.Free(mem)
 		return fail(err)
 	}
-	defer buf.Close()
+	defer func() {
+		if err := release(buf, mem); err != nil {
+			s.logf("client %s: %v", conn.RemoteAddr(), err)
+		}
+	}()
 	h, err := buf.Remote().MarshalBinary()
 	if err != nil {
 		return fail(err)
@@ -153,6 +203,9 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	}
 	for {
 		msg, err := conn.Recv(s.idle)
+		if err != nil && ctx.Err() != nil {
+			return fail(err)
+		}
 		if err != nil {
 			var re *bootstrap.RemoteError
 			if errors.As(err, &re) {
@@ -173,7 +226,7 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 			bad := Mismatch(mem[msg.Offset:msg.Offset+msg.Size], msg.Seed)
 			err = conn.Send(bootstrap.Message{Type: bootstrap.TypeVerified, OK: bad < 0, Mismatch: bad})
 		case bootstrap.TypePingPong:
-			if err := s.answerPingPong(ctx, buf, hello, msg); err != nil {
+			if err := s.answerPingPong(ctx, conn, buf, hello, msg); err != nil {
 				return fail(err)
 			}
 			err = conn.Send(bootstrap.Message{Type: bootstrap.TypeDone})
@@ -191,7 +244,7 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 // sees the last byte change, and writes the second half into the client's
 // buffer (named in the hello), Iters times. With a Seed (verification)
 // it echoes the bytes it received.
-func (s *Server) answerPingPong(ctx context.Context, buf *transport.Buffer, hello, msg bootstrap.Message) error {
+func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *transport.Buffer, hello, msg bootstrap.Message) error {
 	size := msg.Size
 	if size == 0 || 2*size > s.size {
 		return fmt.Errorf("pingpong of %d bytes needs a server buffer of at least %d bytes (serve --size)", size, 2*size)
@@ -208,7 +261,7 @@ func (s *Server) answerPingPong(ctx context.Context, buf *transport.Buffer, hell
 	send, _ := buf.Slice(size, size)
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
-		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, s.m.Poll); err != nil {
+		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, s.m.Poll, clientGone(conn)); err != nil {
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 		if msg.Seed != 0 { // verifying: echo what arrived
@@ -220,4 +273,16 @@ func (s *Server) answerPingPong(ctx context.Context, buf *transport.Buffer, hell
 		}
 	}
 	return nil
+}
+
+// clientGone is the server's stall check in a pingpong: the client sends
+// nothing until it is done unless it gave up (its error message, or the
+// end of the connection).
+func clientGone(conn *bootstrap.Conn) func() error {
+	return func() error {
+		if conn.Pending(time.Millisecond) {
+			return errors.New("the client stopped the pingpong")
+		}
+		return nil
+	}
 }

@@ -18,13 +18,17 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 // with an atomic load of its aligned word, so the compiler cannot hoist
 // the read out of the loop. poll, when set, is called between reads: the
 // watcher drives progress (Manager.Poll), as fabtests' pingpong does by
-// polling its CQ.
-func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func()) error {
+// polling its CQ. stalled, when set, is asked whether to give up once
+// the wait has lasted a second, then every quarter second: a pingpong
+// whose peer went away ends with stalled's error instead of the timeout.
+func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func(), stalled func() error) error {
 	last := unsafe.Pointer(&b[len(b)-1])
 	mis := uintptr(last) & 3
 	word := (*uint32)(unsafe.Add(last, -int(mis))) // b is page-backed (mr.Alloc): the word is mapped
 	shift := 8 * mis
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	nextCheck := start.Add(stallAfter)
 	for i := 0; ; i++ {
 		if byte(atomic.LoadUint32(word)>>shift) == want {
 			return nil
@@ -36,10 +40,25 @@ func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, p
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if time.Now().After(deadline) {
+			now := time.Now()
+			if now.After(deadline) {
 				return fmt.Errorf("the peer's write did not arrive within %v", timeout)
+			}
+			if stalled != nil && now.After(nextCheck) {
+				if err := stalled(); err != nil {
+					return fmt.Errorf("the peer's write did not arrive within %v: %w", now.Sub(start).Round(time.Millisecond), err)
+				}
+				nextCheck = time.Now().Add(stallEvery)
 			}
 			runtime.Gosched()
 		}
 	}
 }
+
+// WaitByte's stall checks: the first after stallAfter, then every
+// stallEvery. Far above a pingpong's round trip, so the checks never
+// run in a healthy one.
+const (
+	stallAfter = time.Second
+	stallEvery = 250 * time.Millisecond
+)

@@ -48,9 +48,16 @@ func (l *syncLog) String() string {
 func startServer(t *testing.T, args ...string) (string, *syncLog) {
 	t.Helper()
 	cmd := cliCommand(t, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Stderr = os.Stderr
+	return runServer(t, cmd)
+}
+
+// runServer starts a `fitransfer serve` command (stopped at the end of
+// the test if still running) and returns its address and output.
+func runServer(t *testing.T, cmd *exec.Cmd) (string, *syncLog) {
+	t.Helper()
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -196,6 +203,66 @@ func TestInterruptPrintsWhatWasMeasured(t *testing.T) {
 	assert.Contains(t, out.String(), "Mxfers/sec")
 	assert.Contains(t, out.String(), "(interrupted)")
 	assert.Contains(t, errb.String(), "interrupted")
+}
+
+// TestServeInterruptedMidSession: Ctrl-C on a server with a client in the
+// middle of a run stops it at once; the client fails soon after, with the
+// server's word first, and the server frees nothing still in use (a
+// freed session buffer that a half-done transfer still wrote into crashed
+// it over tcp).
+func TestServeInterruptedMidSession(t *testing.T) {
+	for _, prov := range []string{"shm", "tcp"} {
+		for _, test := range []string{"write", "read", "pingpong"} {
+			t.Run(prov+"/"+test, func(t *testing.T) {
+				srv := cliCommand(t, "serve", "--listen", "127.0.0.1:0", "--size", "1m", "-p", prov)
+				srvErr := &syncLog{}
+				srv.Stderr = logWriter{srvErr}
+				addr, _ := runServer(t, srv)
+				cli := cliCommand(t, test, addr, "-p", prov, "-S", "8", "-I", "1000000000", "--timeout", "60s")
+				var out, errb strings.Builder
+				cli.Stdout, cli.Stderr = &out, &errb
+				require.NoError(t, cli.Start())
+				cliDone := make(chan error, 1)
+				go func() { cliDone <- cli.Wait() }()
+				time.Sleep(time.Second)
+
+				require.NoError(t, srv.Process.Signal(os.Interrupt))
+				srvDone := make(chan error, 1)
+				go func() { srvDone <- srv.Wait() }()
+				select {
+				case err := <-srvDone:
+					assert.NoError(t, err, "serve's exit; stderr:\n%s", srvErr)
+				case <-time.After(10 * time.Second):
+					_ = srv.Process.Kill()
+					<-srvDone
+					t.Fatalf("serve still running 10 s after Ctrl-C with a client in session; stderr:\n%s", srvErr)
+				}
+				assert.Contains(t, srvErr.String(), "server interrupted")
+				assert.NotContains(t, srvErr.String(), "signal", "serve crashed on its way out")
+
+				select {
+				case err := <-cliDone:
+					var ee *exec.ExitError
+					require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), errb.String())
+					assert.Equal(t, 1, ee.ExitCode())
+				case <-time.After(10 * time.Second):
+					_ = cli.Process.Signal(syscall.SIGQUIT)
+					<-cliDone
+					t.Fatalf("client still running 10 s after its server went; stderr %q", errb.String())
+				}
+				assert.Contains(t, errb.String(), "the server ended the session (server interrupted")
+				assert.Contains(t, out.String(), "(interrupted)", "the row measured so far")
+			})
+		}
+	}
+}
+
+// logWriter is an io.Writer into a syncLog.
+type logWriter struct{ l *syncLog }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.l.add(string(p))
+	return len(p), nil
 }
 
 func TestServeLogsSessions(t *testing.T) {
