@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -41,7 +42,12 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 				t.Logf("with the owner stopped: %v", xferErr)
 				start := time.Now()
 				err = local.Close()
-				if xferErr == nil { // a single-copy path: nothing in flight
+				var te *transport.TransferError
+				checkOnly := errors.As(xferErr, &te) && te.Op == "handle check"
+				if xferErr == nil || checkOnly {
+					// A single-copy path (nothing in flight), or the
+					// handle check timed out (2.x's shm: the owner answers
+					// it) before any op used the buffer.
 					require.NoError(t, err)
 				} else {
 					var inUse *transport.InUseError

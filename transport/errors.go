@@ -46,7 +46,7 @@ var (
 // deadline passed — and leads with the first that is not a cancellation.
 // errors.Is and errors.As see all of them.
 type TransferError struct {
-	Op           string // "read", "write" or "action"
+	Op           string // "read", "write", "action", or "handle check" (it failed before any op of the request)
 	Bytes        uint64
 	Ops          int // ops (transfers) in the request
 	Chunks       int // RMA ops they were split into
