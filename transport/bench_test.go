@@ -24,26 +24,16 @@ func benchPeer(b *testing.B, prov string) (*transport.Manager, transport.RemoteB
 // peer process, per provider and size: MB/s (decimal) and allocations per
 // op. `make bench` prints it next to the peer tools.
 func BenchmarkTransfer(b *testing.B) {
-	sizes := []int{8, 4 << 10, 64 << 10, 1 << 20}
-	for _, prov := range providers {
-		m, remote, local := benchPeer(b, prov)
+	benchCases(b, []int{8, 4 << 10, 64 << 10, 1 << 20}, func(b *testing.B, m *transport.Manager, read bool,
+		l *transport.Buffer, r transport.RemoteBuffer) {
 		ctx := context.Background()
-		for _, op := range []string{"ReadInto", "WriteFrom"} {
-			for _, size := range sizes {
-				b.Run(fmt.Sprintf("%s/%s/%d", op, prov, size), func(b *testing.B) {
-					l, _ := local.Slice(0, uint64(size))
-					r, _ := remote.Slice(0, uint64(size))
-					run := func() error {
-						if op == "ReadInto" {
-							return m.ReadInto(ctx, l, r)
-						}
-						return m.WriteFrom(ctx, r, l)
-					}
-					measure(b, int64(size), run)
-				})
+		measure(b, int64(l.Len()), func() error {
+			if read {
+				return m.ReadInto(ctx, l, r)
 			}
-		}
-	}
+			return m.WriteFrom(ctx, r, l)
+		})
+	})
 }
 
 // BenchmarkAction measures windows of 64 ops submitted as one Action, as
@@ -51,28 +41,37 @@ func BenchmarkTransfer(b *testing.B) {
 // per window.
 func BenchmarkAction(b *testing.B) {
 	const window = 64
-	sizes := []int{8, 4 << 10, 64 << 10}
+	benchCases(b, []int{8, 4 << 10, 64 << 10}, func(b *testing.B, m *transport.Manager, read bool,
+		l *transport.Buffer, r transport.RemoteBuffer) {
+		ctx := context.Background()
+		a := m.NewAction().AllowOverlap()
+		measure(b, int64(l.Len())*window, func() error {
+			a.Reset()
+			for k := 0; k < window; k++ {
+				if read {
+					a.ReadInto(l, r)
+				} else {
+					a.WriteFrom(r, l)
+				}
+			}
+			return a.Submit(ctx)
+		})
+	})
+}
+
+// benchCases runs body as a sub-benchmark "ReadInto|WriteFrom/PROVIDER/SIZE"
+// for every provider (one peer process each), op and size, with local and
+// remote slices of that size.
+func benchCases(b *testing.B, sizes []int, body func(b *testing.B, m *transport.Manager, read bool,
+	l *transport.Buffer, r transport.RemoteBuffer)) {
 	for _, prov := range providers {
 		m, remote, local := benchPeer(b, prov)
-		ctx := context.Background()
 		for _, op := range []string{"ReadInto", "WriteFrom"} {
 			for _, size := range sizes {
 				b.Run(fmt.Sprintf("%s/%s/%d", op, prov, size), func(b *testing.B) {
 					l, _ := local.Slice(0, uint64(size))
 					r, _ := remote.Slice(0, uint64(size))
-					a := m.NewAction().AllowOverlap()
-					run := func() error {
-						a.Reset()
-						for k := 0; k < window; k++ {
-							if op == "ReadInto" {
-								a.ReadInto(l, r)
-							} else {
-								a.WriteFrom(r, l)
-							}
-						}
-						return a.Submit(ctx)
-					}
-					measure(b, int64(size)*window, run)
+					body(b, m, op == "ReadInto", l, r)
 				})
 			}
 		}
