@@ -134,8 +134,8 @@ type Loop struct {
 
 	drive    sync.Mutex   // held for every endpoint call and the state below
 	drivers  atomic.Int32 // goroutines driving progress in Wait
-	polled   atomic.Int64 // when Poll was last called (UnixNano)
-	inCall   atomic.Int64 // when the running progress call started (UnixNano), 0 when none
+	polled   atomic.Int64 // when Poll was last called (monoNow)
+	inCall   atomic.Int64 // when the running progress call started (monoNow), 0 when none
 	sleeping atomic.Bool  // the background goroutine blocks in fi_cq_sread
 	wake     chan struct{}
 	exited   chan struct{}
@@ -151,8 +151,20 @@ type Loop struct {
 	batch      []posting
 	inflight   int
 	iter       int
-	lastActive time.Time
+	lastActive int64 // monoNow of the last activity
+	deadlineAt int64 // monoNow of the last deadline check
+	postMax    int   // ops the next post tries at most: see post
 }
+
+// monoBase is the origin of monoNow.
+var monoBase = time.Now()
+
+// monoNow is a monotonic clock in nanoseconds, offset by an hour so that a
+// zero timestamp reads as long ago. It reads only the monotonic clock
+// (time.Now reads the wall clock too, twice the cost), and the busy loops
+// below read it once per round: clock reads were a third of a busy
+// owner's polling time.
+func monoNow() int64 { return int64(time.Since(monoBase)) + int64(time.Hour) }
 
 // Start starts the progress loop of ep. The loop owns ep from now on:
 // Close closes it.
@@ -163,7 +175,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 		policy: policy.normalized(), log: log.With().Str("provider", ep.Provider()).Logger(),
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
-		batch: make([]posting, 0, postBatch), lastActive: time.Now(),
+		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
 		timer: time.NewTimer(time.Hour),
 	}
 	l.timer.Stop()
@@ -206,13 +218,15 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	default:
 	}
 	l.drivers.Add(1)
-	last := time.Now()
+	last := monoNow()
+	yielded := last
 	for i := 1; ; i++ {
 		if l.drive.TryLock() {
-			worked := l.iterate()
+			now := monoNow()
+			worked := l.iterate(now)
 			l.drive.Unlock()
 			if worked {
-				last = time.Now()
+				last = now
 			}
 		} else if l.sleeping.Load() {
 			l.raw.Signal() // make the background goroutine leave fi_cq_sread
@@ -224,10 +238,14 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		default:
 		}
 		if i&1023 == 0 {
-			if ctx.Err() != nil || time.Since(last) > l.policy.Spin {
+			now := monoNow()
+			if ctx.Err() != nil || now-last > int64(l.policy.Spin) {
 				break
 			}
-			runtime.Gosched()
+			if now-yielded >= int64(yieldEvery) {
+				runtime.Gosched()
+				yielded = now
+			}
 		}
 	}
 	l.drivers.Add(-1)
@@ -313,7 +331,7 @@ func (l *Loop) Wedged() error {
 	if start == 0 {
 		return nil
 	}
-	if d := time.Duration(time.Now().UnixNano() - start); d > WedgeAfter {
+	if d := time.Duration(monoNow() - start); d > WedgeAfter {
 		return &WedgedError{Provider: l.ep.Provider(), Since: d}
 	}
 	return nil
@@ -324,14 +342,15 @@ func (l *Loop) Wedged() error {
 // on memory themselves (a pingpong watching for a peer's write) and so
 // are the natural driver of progress.
 func (l *Loop) Poll() bool {
-	l.polled.Store(time.Now().UnixNano())
+	now := monoNow()
+	l.polled.Store(now)
 	if !l.drive.TryLock() {
 		if l.sleeping.Load() {
 			l.raw.Signal()
 		}
 		return false
 	}
-	worked := l.iterate()
+	worked := l.iterate(now)
 	l.drive.Unlock()
 	return worked
 }
@@ -408,7 +427,7 @@ func (l *Loop) kick() {
 func (l *Loop) run() {
 	defer close(l.exited)
 	sleep := l.policy.MinSleep
-	spins := 0
+	yielded := monoNow()
 	for {
 		l.mu.Lock()
 		closing := l.closing
@@ -419,21 +438,27 @@ func (l *Loop) run() {
 			l.drive.Unlock()
 			return
 		}
-		if l.drivers.Load() > 0 || time.Now().UnixNano()-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
-			l.pause(l.policy.MaxSleep) // a waiter or a poller drives
+		now := monoNow()
+		if l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
+			// A waiter or a poller drives. Look again at least every
+			// millisecond: waking more often would take a CPU from the
+			// spinning driver, or from its peer, on a small machine.
+			l.pause(max(l.policy.MaxSleep, time.Millisecond))
 			continue
 		}
 		l.drive.Lock()
-		worked := l.iterate()
-		idleFor := time.Since(l.lastActive)
+		now = monoNow() // the lock may have been held a while
+		worked := l.iterate(now)
+		idleFor := time.Duration(now - l.lastActive)
 		l.drive.Unlock()
 		if worked {
 			sleep = l.policy.MinSleep
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			if spins++; spins&255 == 0 {
-				runtime.Gosched() // rarely: it is slow on some VMs, and preemption is asynchronous anyway
+			if now-yielded >= int64(yieldEvery) {
+				runtime.Gosched()
+				yielded = now
 			}
 			continue
 		}
@@ -445,14 +470,14 @@ func (l *Loop) run() {
 	}
 }
 
-// iterate is one round of progress: take submissions, post, reap, check
-// the event queue and deadlines. It reports whether anything happened.
-// Under the drive lock.
-func (l *Loop) iterate() bool {
+// iterate is one round of progress at now (monoNow): take submissions,
+// post, reap, check the event queue and deadlines. It reports whether
+// anything happened. Under the drive lock.
+func (l *Loop) iterate(now int64) bool {
 	if l.down {
 		return false
 	}
-	l.inCall.Store(time.Now().UnixNano())
+	l.inCall.Store(now)
 	defer l.inCall.Store(0)
 	l.iter++
 	worked := l.intake()
@@ -465,14 +490,30 @@ func (l *Loop) iterate() bool {
 	if l.iter&1023 == 0 {
 		l.pollEQ()
 	}
-	if len(l.running) > 0 && (l.iter&255 == 0 || !worked) {
+	if len(l.running) > 0 && (l.iter&255 == 0 || !worked && now-l.deadlineAt >= int64(deadlineGrain)) {
+		l.deadlineAt = now
 		l.checkDeadlines(time.Now())
 	}
 	if worked {
-		l.lastActive = time.Now()
+		l.lastActive = now
 	}
 	return worked
 }
+
+// yieldEvery is how often a spinning loop yields its thread to other
+// goroutines (runtime.Gosched). Preemption is asynchronous anyway; the
+// yield only shortens the wait of a goroutine that wants to submit while
+// GOMAXPROCS threads spin. Each yield wakes an idle thread of the Go
+// runtime (a futex wake), and on a small machine that thread takes the
+// CPU of whoever spins there, the peer process of a benchmark say: a busy
+// shm owner that yielded every 256 rounds made about 8,000 futex calls a
+// second.
+const yieldEvery = time.Millisecond
+
+// deadlineGrain is how often at most an idle round checks deadlines (and
+// every 256th round does anyway): often enough for any deadline, rarely
+// enough that reading the wall clock costs a spinning loop nothing.
+const deadlineGrain = 50 * time.Microsecond
 
 // intake takes the submitted jobs. Under the drive lock.
 func (l *Loop) intake() bool {
@@ -515,7 +556,7 @@ func (l *Loop) post() bool {
 		return false
 	}
 	l.batch = l.batch[:0]
-	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < postBatch; {
+	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < l.postMax; {
 		j := l.active[ai]
 		if j.finished || j.stopPosting || j.next >= len(j.Chunks) {
 			ai++
@@ -539,6 +580,15 @@ func (l *Loop) post() bool {
 		return false
 	}
 	posted, err := l.q.Post(l.raw, len(l.batch))
+	// A provider that answers FI_EAGAIN takes no more for now (shm takes
+	// one delivery-complete write per peer at a time): the next round
+	// tries one op more than went through, instead of preparing and
+	// rewinding a whole batch each time; it grows back as ops go through.
+	if posted < len(l.batch) {
+		l.postMax = posted + 1
+	} else {
+		l.postMax = min(2*l.postMax, postBatch)
+	}
 	for i := len(l.batch) - 1; i >= posted; i-- {
 		// Not posted: give the slot back and rewind the job.
 		p := l.batch[i]
@@ -761,7 +811,7 @@ func (l *Loop) idle(d time.Duration) bool {
 	l.mu.Lock()
 	pending := len(l.inbox) > 0 || l.closing
 	l.mu.Unlock()
-	if pending || l.drivers.Load() > 0 || time.Now().UnixNano()-l.polled.Load() < int64(time.Millisecond) {
+	if pending || l.drivers.Load() > 0 || monoNow()-l.polled.Load() < int64(time.Millisecond) {
 		return false
 	}
 	if l.ep.Waitable() {
@@ -773,12 +823,12 @@ func (l *Loop) idle(d time.Duration) bool {
 		l.sleeping.Store(true)
 		defer l.sleeping.Store(false)
 		ms := max(int(d/time.Millisecond), 1)
-		l.inCall.Store(time.Now().UnixNano())
+		l.inCall.Store(monoNow())
 		slots, err := l.q.Wait(l.raw, ms)
 		l.inCall.Store(0)
 		worked := l.handle(slots, err)
 		if worked {
-			l.lastActive = time.Now()
+			l.lastActive = monoNow()
 		}
 		return worked
 	}
