@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,13 +26,25 @@ import (
 
 // benchRow is one line of the bench table: our figures and, with
 // --compare, the peer tool's for the same provider, op, size, window and
-// iterations.
+// iterations. With --repeat N every figure is the median of N runs, and
+// the ranges say how far the runs spread.
 type benchRow struct {
 	perftest.Row
-	Peer      string  `json:"peer,omitempty"`
-	PeerMBps  float64 `json:"peer_mb_per_sec,omitempty"`
-	PeerUsec  float64 `json:"peer_usec_per_xfer,omitempty"`
-	Ratio     float64 `json:"ratio,omitempty"` // ours / peer, MB/sec
+	Repeats     int     `json:"repeats"`
+	MBpsMin     float64 `json:"mb_per_sec_min"`
+	MBpsMax     float64 `json:"mb_per_sec_max"`
+	Peer        string  `json:"peer,omitempty"`
+	PeerMBps    float64 `json:"peer_mb_per_sec,omitempty"`
+	PeerUsec    float64 `json:"peer_usec_per_xfer,omitempty"`
+	PeerMBpsMin float64 `json:"peer_mb_per_sec_min,omitempty"`
+	PeerMBpsMax float64 `json:"peer_mb_per_sec_max,omitempty"`
+	// Ratio is ours / peer (MB/sec): the median of the per-repeat
+	// ratios, each of a run of ours and a run of the peer tool made one
+	// right after the other, so that a machine whose speed drifts (a
+	// busy neighbour, a CPU shared with another guest) moves both.
+	Ratio     float64 `json:"ratio,omitempty"`
+	RatioMin  float64 `json:"ratio_min,omitempty"`
+	RatioMax  float64 `json:"ratio_max,omitempty"`
 	PeerError string  `json:"peer_error,omitempty"`
 }
 
@@ -47,7 +60,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	compare := fs.Bool("compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
 	fabtests := fs.String("fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	timeout := fs.Duration("timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
-	repeat := fs.Int("repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike")
+	repeat := fs.Int("repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
@@ -66,23 +79,22 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if *repeat < 1 {
 		return fail(stderr, "bench", usageError{errors.New("--repeat must be >= 1")})
 	}
+	var peers *peerTools
+	if *compare {
+		peers = &peerTools{fabtestsDir: *fabtests, warmup: *warmup, window: *window, timeout: *timeout}
+	}
 	for _, prov := range provs {
-		r, err := benchProvider(ctx, prov, strings.Split(*ops, ","), sz, *iters, *warmup, *window, *repeat, *timeout, stderr)
+		r, err := benchProvider(ctx, prov, strings.Split(*ops, ","), sz, *iters, *warmup, *window, *repeat, *timeout, peers, stderr)
 		rows = append(rows, r...)
 		if err != nil {
-			printBench(stdout, rows, *asCSV, *compare)
+			printBench(stdout, rows, *asCSV, *compare, *repeat)
 			if ctx.Err() != nil {
 				return exitInterrupted
 			}
 			return fail(stderr, "bench", fmt.Errorf("%s: %w", prov, err))
 		}
 	}
-	if *compare {
-		for i := range rows {
-			comparePeer(ctx, &rows[i], *warmup, *window, *repeat, *fabtests, *timeout)
-		}
-	}
-	printBench(stdout, rows, *asCSV, *compare)
+	printBench(stdout, rows, *asCSV, *compare, *repeat)
 	return exitOK
 }
 
@@ -120,10 +132,48 @@ func benchProviders(spec string) ([]string, error) {
 	return out, nil
 }
 
-// benchProvider starts a local server process for prov and runs the tests
-// against it from this process.
+// benchProvider runs the tests over prov, each repeat times. Each run
+// starts a local server process and a client manager of its own and
+// closes both before the peer tool (peers, when not nil) measures the
+// same sizes: the client's busy progress loop must not spin while the
+// peer tool runs. Ours and the peer tool's runs alternate, so that both
+// see the machine in the same state.
 func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint64, iters, warmup, window, repeat int,
-	timeout time.Duration, stderr io.Writer) ([]benchRow, error) {
+	timeout time.Duration, peers *peerTools, stderr io.Writer) ([]benchRow, error) {
+	var rows []benchRow
+	for _, op := range ops {
+		mode := map[string]string{"read": bootstrap.ModeRead, "write": bootstrap.ModeWrite, "pingpong": bootstrap.ModePingPong}[op]
+		if mode == "" {
+			return rows, usageError{fmt.Errorf("--ops: unknown test %q (read, write, pingpong)", op)}
+		}
+		var ours [][]perftest.Row
+		var theirs [][]peerResult
+		for i := 0; i < repeat; i++ {
+			r, err := benchOnce(ctx, prov, mode, sizes, iters, warmup, window, timeout, stderr)
+			if err != nil {
+				for _, row := range r {
+					rows = append(rows, benchRow{Row: row, Repeats: 1, MBpsMin: row.MBps, MBpsMax: row.MBps})
+				}
+				return rows, err
+			}
+			ours = append(ours, r)
+			if peers != nil {
+				pr := make([]peerResult, len(r))
+				for k := range r {
+					pr[k] = peers.run(ctx, r[k])
+				}
+				theirs = append(theirs, pr)
+			}
+		}
+		rows = append(rows, aggregate(ours, theirs)...)
+	}
+	return rows, nil
+}
+
+// benchOnce runs one test over prov, every size, against a local server
+// of its own.
+func benchOnce(ctx context.Context, prov, mode string, sizes []uint64, iters, warmup, window int,
+	timeout time.Duration, stderr io.Writer) ([]perftest.Row, error) {
 	maxSize := uint64(0)
 	for _, s := range sizes {
 		maxSize = max(maxSize, s)
@@ -139,34 +189,53 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		return nil, err
 	}
 	defer m.Close()
+	return runSession(ctx, perftest.Config{Server: addr, Manager: m, Mode: mode, Sizes: sizes, Iters: iters,
+		Warmup: warmup, Window: window, Timeout: timeout})
+}
+
+// aggregate makes one row per size out of repeated runs: ours[i] and
+// theirs[i] (when not nil) are the rows of repeat i, in size order.
+func aggregate(ours [][]perftest.Row, theirs [][]peerResult) []benchRow {
 	var rows []benchRow
-	for _, op := range ops {
-		mode := map[string]string{"read": bootstrap.ModeRead, "write": bootstrap.ModeWrite, "pingpong": bootstrap.ModePingPong}[op]
-		if mode == "" {
-			return rows, usageError{fmt.Errorf("--ops: unknown test %q (read, write, pingpong)", op)}
+	for k := range ours[0] {
+		var same []perftest.Row
+		var mbs []float64
+		for _, r := range ours {
+			same = append(same, r[k])
+			mbs = append(mbs, r[k].MBps)
 		}
-		cfg := perftest.Config{Server: addr, Manager: m, Mode: mode, Sizes: sizes, Iters: iters, Warmup: warmup,
-			Window: window, Timeout: timeout}
-		runs := make([][]perftest.Row, 0, repeat)
-		for i := 0; i < repeat; i++ {
-			r, err := runSession(ctx, cfg)
-			if err != nil {
-				for _, row := range r {
-					rows = append(rows, benchRow{Row: row})
-				}
-				return rows, err
-			}
-			runs = append(runs, r)
+		row := benchRow{Row: medianRow(same), Repeats: len(ours), MBpsMin: slices.Min(mbs), MBpsMax: slices.Max(mbs)}
+		if theirs != nil {
+			comparePeer(&row, ours, theirs, k)
 		}
-		for i := range runs[0] {
-			var same []perftest.Row
-			for _, r := range runs {
-				same = append(same, r[i])
-			}
-			rows = append(rows, benchRow{Row: medianRow(same)})
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// comparePeer fills in the peer tool's figures for size k.
+func comparePeer(row *benchRow, ours [][]perftest.Row, theirs [][]peerResult, k int) {
+	var mbs, usecs, ratios []float64
+	for i, pr := range theirs {
+		p := pr[k]
+		row.Peer = p.tool
+		switch {
+		case p.tool == "":
+			return
+		case p.err != nil:
+			row.PeerError = oneLine(p.err)
+			return
+		}
+		mbs, usecs = append(mbs, p.mbps), append(usecs, p.usec)
+		if p.mbps > 0 {
+			ratios = append(ratios, ours[i][k].MBps/p.mbps)
 		}
 	}
-	return rows, nil
+	row.PeerMBps, row.PeerUsec = median(mbs), median(usecs)
+	row.PeerMBpsMin, row.PeerMBpsMax = slices.Min(mbs), slices.Max(mbs)
+	if len(ratios) > 0 {
+		row.Ratio, row.RatioMin, row.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
+	}
 }
 
 // startLocalServer runs `fitransfer serve` for prov on a free loopback
@@ -217,23 +286,50 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 	}
 }
 
-func printBench(w io.Writer, rows []benchRow, asCSV, compare bool) {
+// printBench prints the table, or CSV. With repeat > 1 the table adds
+// the range of the per-repeat ratios, and CSV the range of every median.
+func printBench(w io.Writer, rows []benchRow, asCSV, compare bool, repeat int) {
+	ranges := repeat > 1
 	head := []string{"provider", "test", "bytes", "iters", "window", "MB/sec", "usec/xfer", "Mxfers/sec", "p50 usec", "p99 usec"}
+	if ranges && asCSV {
+		head = append(head, "MB/sec min", "MB/sec max")
+	}
 	if compare {
 		head = append(head, "peer tool", "peer MB/sec", "peer usec/xfer", "ratio")
+		switch {
+		case ranges && asCSV:
+			head = append(head, "peer MB/sec min", "peer MB/sec max", "ratio min", "ratio max")
+		case ranges:
+			head = append(head, "ratio range")
+		}
 	}
 	line := func(r benchRow) []string {
 		l := []string{r.Provider, r.Op, perftest.SizeString(r.Bytes), perftest.CountString(int64(r.Iters)), strconv.Itoa(r.Window),
 			f2(r.MBps), f2(r.UsecPerXfer), f2(r.MxfersPerS), f2(r.P50Usec), f2(r.P99Usec)}
-		if compare {
-			switch {
-			case r.Peer == "":
-				l = append(l, "-", "", "", "")
-			case r.PeerError != "":
-				l = append(l, r.Peer, "("+r.PeerError+")", "", "")
-			default:
-				l = append(l, r.Peer, f2(r.PeerMBps), f2(r.PeerUsec), f2(r.Ratio))
-			}
+		if ranges && asCSV {
+			l = append(l, f2(r.MBpsMin), f2(r.MBpsMax))
+		}
+		if !compare {
+			return l
+		}
+		measured := r.Peer != "" && r.PeerError == ""
+		switch {
+		case r.Peer == "":
+			l = append(l, "-", "", "", "")
+		case r.PeerError != "":
+			l = append(l, r.Peer, "("+r.PeerError+")", "", "")
+		default:
+			l = append(l, r.Peer, f2(r.PeerMBps), f2(r.PeerUsec), f2(r.Ratio))
+		}
+		switch {
+		case ranges && asCSV && measured:
+			l = append(l, f2(r.PeerMBpsMin), f2(r.PeerMBpsMax), f2(r.RatioMin), f2(r.RatioMax))
+		case ranges && asCSV:
+			l = append(l, "", "", "", "")
+		case ranges && measured:
+			l = append(l, f2(r.RatioMin)+"-"+f2(r.RatioMax))
+		case ranges:
+			l = append(l, "")
 		}
 		return l
 	}
@@ -256,34 +352,51 @@ func printBench(w io.Writer, rows []benchRow, asCSV, compare bool) {
 
 func f2(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
 
-// medianRow is the row with the median MB/sec.
+// medianRow is the row with the median MB/sec: with an even count, the
+// lower of the two middle ones.
 func medianRow(rows []perftest.Row) perftest.Row {
 	s := append([]perftest.Row(nil), rows...)
 	sort.Slice(s, func(i, j int) bool { return s[i].MBps < s[j].MBps })
-	return s[len(s)/2]
+	return s[(len(s)-1)/2]
 }
 
+// median is the median of v: with an even count, the lower of the two
+// middle values, as medianRow.
 func median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
-	return s[len(s)/2]
+	return s[(len(s)-1)/2]
 }
 
-// comparePeer runs the peer tool that measures what r measures, with the
-// same size, window and iterations, and fills in its figures.
-func comparePeer(ctx context.Context, r *benchRow, warmup, window, repeat int, fabtestsDir string, timeout time.Duration) {
+// peerTools runs the peer tool that measures what a row of ours
+// measures, with the same size, window and iterations.
+type peerTools struct {
+	fabtestsDir    string
+	warmup, window int
+	timeout        time.Duration
+}
+
+// peerResult is one run of a peer tool; tool is empty when no peer tool
+// measures that test here.
+type peerResult struct {
+	tool       string // as the table names it
+	mbps, usec float64
+	err        error
+}
+
+func (p *peerTools) run(ctx context.Context, r perftest.Row) peerResult {
 	n := r.Iters
 	size := strconv.FormatUint(r.Bytes, 10)
 	var tool string
 	var args []string
 	switch {
-	case r.Op == "pingpong" && fabtestsDir != "":
-		tool, args = filepath.Join(fabtestsDir, "fi_rdm_pingpong"), []string{"-S", size, "-I", strconv.Itoa(n), "-w", strconv.Itoa(warmup)}
+	case r.Op == "pingpong" && p.fabtestsDir != "":
+		tool, args = filepath.Join(p.fabtestsDir, "fi_rdm_pingpong"), []string{"-S", size, "-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
 	case r.Op == "pingpong":
 		tool, args = "fi_pingpong", []string{"-e", "rdm", "-S", size, "-I", strconv.Itoa(n)}
-	case fabtestsDir != "":
-		tool, args = filepath.Join(fabtestsDir, "fi_rma_bw"), []string{"-e", "rdm", "-o", r.Op, "-S", size,
-			"-W", strconv.Itoa(window), "-I", strconv.Itoa(n), "-w", strconv.Itoa(warmup)}
+	case p.fabtestsDir != "":
+		tool, args = filepath.Join(p.fabtestsDir, "fi_rma_bw"), []string{"-e", "rdm", "-o", r.Op, "-S", size,
+			"-W", strconv.Itoa(p.window), "-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
 		if r.Op == "write" {
 			// fitransfer's writes are each delivery complete and signaled.
 			// -U alone does not make fi_rma_bw's the same: it posts writes
@@ -292,31 +405,19 @@ func comparePeer(ctx context.Context, r *benchRow, warmup, window, repeat int, f
 			args = append(args, "-U", "-j", "0")
 		}
 	default:
-		return // no peer tool measures RMA bandwidth without fabtests
+		return peerResult{} // no peer tool measures RMA bandwidth without fabtests
 	}
-	r.Peer = filepath.Base(tool)
-	if r.Op == "write" && fabtestsDir != "" {
-		r.Peer += " -U -j 0"
+	res := peerResult{tool: filepath.Base(tool)}
+	if r.Op == "write" && p.fabtestsDir != "" {
+		res.tool += " -U -j 0"
 	}
 	prov := r.Provider
 	if prov == "cma" {
 		prov = "shm" // the peer tools' same-node provider
-		r.Peer += " (shm)"
+		res.tool += " (shm)"
 	}
-	var mbs, usecs []float64
-	for i := 0; i < repeat; i++ {
-		mbps, usec, err := runPeerTool(ctx, tool, append([]string{"-p", prov}, args...), timeout)
-		if err != nil {
-			r.PeerError = oneLine(err)
-			return
-		}
-		mbs, usecs = append(mbs, mbps), append(usecs, usec)
-	}
-	mbps := median(mbs)
-	r.PeerMBps, r.PeerUsec = mbps, median(usecs)
-	if mbps > 0 {
-		r.Ratio = r.MBps / mbps
-	}
+	res.mbps, res.usec, res.err = runPeerTool(ctx, tool, append([]string{"-p", prov}, args...), p.timeout)
+	return res
 }
 
 // runPeerTool runs a fabtests-style tool as server and client on

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/csv"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/perftest"
+)
+
+func TestAggregatePairsEachRunWithThePeerRunAfterIt(t *testing.T) {
+	row := func(mbps float64) perftest.Row {
+		return perftest.Row{Op: "write", Provider: "shm", Bytes: 8, Iters: 100, Window: 64, MBps: mbps}
+	}
+	peer := func(mbps float64) peerResult { return peerResult{tool: "fi_rma_bw", mbps: mbps, usec: 8 / mbps} }
+	tests := []struct {
+		name                  string
+		ours                  []float64
+		theirs                []peerResult
+		mbps, min, max        float64
+		peerMBps              float64
+		ratio, ratioMin, rMax float64
+		peerErr               string
+	}{
+		{
+			// The machine slows down between repeats: run by run ours is
+			// half the peer's, while the medians alone would say 1.
+			name: "drift", ours: []float64{1, 2, 4}, theirs: []peerResult{peer(2), peer(4), peer(8)},
+			mbps: 2, min: 1, max: 4, peerMBps: 4, ratio: 0.5, ratioMin: 0.5, rMax: 0.5,
+		},
+		{
+			name: "spread", ours: []float64{3, 1, 2}, theirs: []peerResult{peer(1), peer(2), peer(4)},
+			mbps: 2, min: 1, max: 3, peerMBps: 2, ratio: 0.5, ratioMin: 0.5, rMax: 3,
+		},
+		{
+			// With an even count, the lower of the two middle runs.
+			name: "even", ours: []float64{4, 2}, theirs: []peerResult{peer(1), peer(1)},
+			mbps: 2, min: 2, max: 4, peerMBps: 1, ratio: 2, ratioMin: 2, rMax: 4,
+		},
+		{
+			name: "peer failed", ours: []float64{1, 1}, theirs: []peerResult{peer(1), {tool: "fi_rma_bw", err: errors.New("fi_rma_bw: exit status 1")}},
+			mbps: 1, min: 1, max: 1, peerErr: "fi_rma_bw: exit status 1",
+		},
+		{name: "no peer tool", ours: []float64{1}, theirs: []peerResult{{}}, mbps: 1, min: 1, max: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var ours [][]perftest.Row
+			var theirs [][]peerResult
+			for i, v := range tt.ours {
+				ours = append(ours, []perftest.Row{row(v)})
+				theirs = append(theirs, []peerResult{tt.theirs[i]})
+			}
+			rows := aggregate(ours, theirs)
+			require.Len(t, rows, 1)
+			r := rows[0]
+			assert.Equal(t, len(tt.ours), r.Repeats)
+			assert.Equal(t, tt.mbps, r.MBps)
+			assert.Equal(t, tt.min, r.MBpsMin)
+			assert.Equal(t, tt.max, r.MBpsMax)
+			assert.Equal(t, tt.peerErr, r.PeerError)
+			assert.Equal(t, tt.peerMBps, r.PeerMBps)
+			assert.InDelta(t, tt.ratio, r.Ratio, 1e-9)
+			assert.InDelta(t, tt.ratioMin, r.RatioMin, 1e-9)
+			assert.InDelta(t, tt.rMax, r.RatioMax, 1e-9)
+		})
+	}
+}
+
+// fakeRMABW stands in for fabtests' fi_rma_bw, which is not built here:
+// as client it logs its run to $FAKE_LOG and prints fabtests' result line
+// with MB/sec = $FAKE_MBPS, and it fails when a `serve` started by the
+// bench (a child of the test process, as the stand-in is) still runs.
+const fakeRMABW = `#!/bin/bash
+last="${@: -1}"; prev="${@: -2:1}"
+if [ "$prev" = "-s" ]; then sleep 30; exit 0; fi
+for p in /proc/[0-9]*; do
+  if [ "$(cut -d' ' -f4 $p/stat 2>/dev/null)" = "$PPID" ] && tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' serve '; then
+    echo "a bench server is running: $(tr '\0' ' ' < $p/cmdline)" >&2; exit 1
+  fi
+done
+echo "peer" >> "$FAKE_LOG"
+echo "bytes   iters   total       time     MB/sec    usec/xfer   Mxfers/sec"
+echo "8       200     1.6k        0.00s    $FAKE_MBPS       4.00        0.25"
+`
+
+// TestBenchComparesWithThePeerTool runs `bench --compare --repeat 2` over
+// shm: real servers and transfers of ours, and a stand-in fi_rma_bw.
+func TestBenchComparesWithThePeerTool(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "fi_rma_bw"), []byte(fakeRMABW), 0o755))
+	log := filepath.Join(dir, "log")
+	t.Setenv("FAKE_LOG", log)
+	t.Setenv("FAKE_MBPS", "0.50")
+	t.Setenv(asCLI, "1") // the bench's `serve` children are this test binary
+	out, errOut, code := runCLI("bench", "--providers", "shm", "--ops", "write", "-S", "8", "-I", "200",
+		"--compare", "--repeat", "2", "--csv", "--fabtests", dir, "--timeout", "30s")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	require.NoError(t, err, out)
+	require.Len(t, recs, 2, out)
+	col := map[string]int{}
+	for i, h := range recs[0] {
+		col[h] = i
+	}
+	for _, h := range []string{"MB/sec min", "MB/sec max", "peer tool", "peer MB/sec", "ratio", "ratio min", "ratio max"} {
+		require.Contains(t, col, h)
+	}
+	num := func(rec []string, h string) float64 {
+		v, err := strconv.ParseFloat(rec[col[h]], 64)
+		require.NoError(t, err, "%s in %v", h, rec)
+		return v
+	}
+	write := recs[1]
+	assert.Equal(t, "write", write[col["test"]])
+	assert.Equal(t, "fi_rma_bw -U -j 0", write[col["peer tool"]], "the stand-in failed: %v", write)
+	assert.Equal(t, 0.5, num(write, "peer MB/sec"))
+	mb := num(write, "MB/sec")
+	assert.Greater(t, mb, 0.0)
+	assert.LessOrEqual(t, num(write, "MB/sec min"), mb)
+	assert.GreaterOrEqual(t, num(write, "MB/sec max"), mb)
+	assert.InDelta(t, mb/0.5, num(write, "ratio"), 0.02)
+	assert.LessOrEqual(t, num(write, "ratio min"), num(write, "ratio"))
+	assert.GreaterOrEqual(t, num(write, "ratio max"), num(write, "ratio"))
+	calls, err := os.ReadFile(log)
+	require.NoError(t, err)
+	assert.Equal(t, "peer\npeer\n", string(calls), "one peer run per repeat")
+}
+
+// TestBenchPingPongNextToFiPingpong runs the pingpong row next to the
+// real fi_pingpong (libfabric-bin).
+func TestBenchPingPongNextToFiPingpong(t *testing.T) {
+	t.Setenv(asCLI, "1")
+	t.Setenv("FABTESTS_BIN", "")
+	out, errOut, code := runCLI("bench", "--providers", "shm", "--ops", "pingpong", "-S", "8", "-I", "200",
+		"--compare", "--timeout", "30s")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, out)
+	f := strings.Fields(lines[1])
+	require.Len(t, f, 14, "a row with the peer's figures and a ratio: %q", lines[1])
+	assert.Equal(t, []string{"shm", "pingpong", "8", "fi_pingpong"}, []string{f[0], f[1], f[2], f[10]})
+	for _, v := range []string{f[5], f[11], f[13]} { // MB/sec, peer MB/sec, ratio
+		x, err := strconv.ParseFloat(v, 64)
+		require.NoError(t, err, lines[1])
+		assert.Greater(t, x, 0.0, lines[1])
+	}
+}
