@@ -192,7 +192,8 @@ func (l *Loop) Endpoint() *endpoint.Endpoint { return l.ep }
 // Submit queues a job; Wait for it, which progresses it. (Submit does not
 // wake the background goroutine: it would only compete with the waiter.
 // Without a waiter the job still starts within the poll policy's
-// MaxSleep.) It fails with ErrClosed when the loop is closing.
+// MaxSleep, or within max(MaxSleep, 1ms) of the last waiter leaving.) It
+// fails with ErrClosed when the loop is closing.
 func (l *Loop) Submit(j *Job) error {
 	l.mu.Lock()
 	if l.closing {
@@ -440,9 +441,10 @@ func (l *Loop) run() {
 		}
 		now := monoNow()
 		if l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
-			// A waiter or a poller drives. Look again at least every
-			// millisecond: waking more often would take a CPU from the
-			// spinning driver, or from its peer, on a small machine.
+			// A waiter or a poller drives. Look again after
+			// max(MaxSleep, 1ms): waking more often would take a CPU
+			// from the spinning driver, or from its peer, on a small
+			// machine.
 			l.pause(max(l.policy.MaxSleep, time.Millisecond))
 			continue
 		}

@@ -5,7 +5,9 @@ import "time"
 // PollPolicy is how a progress loop waits when nothing happens: it polls
 // without pause for Spin after the last activity (a submission or a
 // completion), then sleeps between polls, doubling from MinSleep up to
-// MaxSleep. A submission wakes it at once. Endpoints whose completion
+// MaxSleep (and while a goroutine waits on a job and so drives progress,
+// it looks again every max(MaxSleep, 1ms)). A submission wakes it at once.
+// Endpoints whose completion
 // queue wakes on incoming traffic (tcp) block in fi_cq_sread instead of
 // sleeping, for at most MaxSleep.
 type PollPolicy struct {

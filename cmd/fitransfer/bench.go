@@ -151,7 +151,10 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		for i := 0; i < repeat; i++ {
 			r, err := benchOnce(ctx, prov, mode, sizes, iters, warmup, window, timeout, stderr)
 			if err != nil {
-				for _, row := range r {
+				if len(ours) > 0 { // the repeats that finished
+					return append(rows, aggregate(ours, theirs)...), err
+				}
+				for _, row := range r { // what this run measured
 					rows = append(rows, benchRow{Row: row, Repeats: 1, MBpsMin: row.MBps, MBpsMax: row.MBps})
 				}
 				return rows, err
@@ -451,7 +454,7 @@ func runPeerTool(ctx context.Context, tool string, args []string, timeout time.D
 	}
 	mbps, err1 := strconv.ParseFloat(f[len(f)-3], 64)
 	usec, err2 := strconv.ParseFloat(f[len(f)-2], 64)
-	if err1 != nil || err2 != nil {
+	if err1 != nil || err2 != nil || mbps <= 0 {
 		return 0, 0, fmt.Errorf("%s printed %q", filepath.Base(tool), lines[len(lines)-1])
 	}
 	time.Sleep(300 * time.Millisecond)
