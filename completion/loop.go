@@ -243,10 +243,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			if ctx.Err() != nil || now-last > int64(l.policy.Spin) {
 				break
 			}
-			if now-yielded >= int64(yieldEvery) {
-				runtime.Gosched()
-				yielded = now
-			}
+			yieldIfDue(now, &yielded)
 		}
 	}
 	l.drivers.Add(-1)
@@ -458,10 +455,7 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			if now-yielded >= int64(yieldEvery) {
-				runtime.Gosched()
-				yielded = now
-			}
+			yieldIfDue(now, &yielded)
 			continue
 		}
 		if l.idle(sleep) {
@@ -511,6 +505,14 @@ func (l *Loop) iterate(now int64) bool {
 // shm owner that yielded every 256 rounds made about 8,000 futex calls a
 // second.
 const yieldEvery = time.Millisecond
+
+// yieldIfDue yields when yieldEvery has passed since *yielded (monoNow).
+func yieldIfDue(now int64, yielded *int64) {
+	if now-*yielded >= int64(yieldEvery) {
+		runtime.Gosched()
+		*yielded = now
+	}
+}
 
 // deadlineGrain is how often at most an idle round checks deadlines (and
 // every 256th round does anyway): often enough for any deadline, rarely

@@ -229,16 +229,13 @@ func comparePeer(row *benchRow, ours [][]perftest.Row, theirs [][]peerResult, k 
 			row.PeerError = oneLine(p.err)
 			return
 		}
+		// runPeerTool fails a run that reports no MB/sec: p.mbps > 0.
 		mbs, usecs = append(mbs, p.mbps), append(usecs, p.usec)
-		if p.mbps > 0 {
-			ratios = append(ratios, ours[i][k].MBps/p.mbps)
-		}
+		ratios = append(ratios, ours[i][k].MBps/p.mbps)
 	}
 	row.PeerMBps, row.PeerUsec = median(mbs), median(usecs)
 	row.PeerMBpsMin, row.PeerMBpsMax = slices.Min(mbs), slices.Max(mbs)
-	if len(ratios) > 0 {
-		row.Ratio, row.RatioMin, row.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
-	}
+	row.Ratio, row.RatioMin, row.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
 }
 
 // startLocalServer runs `fitransfer serve` for prov on a free loopback
