@@ -64,6 +64,9 @@ type Job struct {
 
 	done chan struct{}
 	gen  atomic.Uint64
+	// busy is set from Submit until the job settles (finished, nothing in
+	// flight): a job is in at most one loop queue at a time.
+	busy atomic.Bool
 
 	// under the loop's drive lock
 	running        int // index in Loop.running, -1 when not there
@@ -78,9 +81,13 @@ type Job struct {
 func NewJob() *Job { return &Job{done: make(chan struct{}, 1)} }
 
 // Reset clears a finished, idle job for reuse, keeping its slices'
-// capacity.
+// capacity. The new generation makes any record of the old one stale.
 func (j *Job) Reset() {
 	j.gen.Add(1)
+	select {
+	case <-j.done: // a finish nobody waited for must not end the next use
+	default:
+	}
 	j.Op, j.Peer, j.PeerName, j.Flags = 0, 0, "", 0
 	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, time.Time{}
 	j.Chunks = j.Chunks[:0]
@@ -103,8 +110,12 @@ func (j *Job) Bytes() uint64 {
 	return n
 }
 
+// slotRec is what an op context stands for: a chunk of one generation
+// of a job. A completion finishes that chunk only while the job is still
+// in that generation.
 type slotRec struct {
 	job   *Job
+	gen   uint64
 	chunk int32
 }
 
@@ -121,11 +132,11 @@ type posting struct {
 // or, when nobody waits, the loop's background goroutine — which keeps
 // progressing even when the endpoint is only a target.
 type Loop struct {
-	ep     *endpoint.Endpoint
-	raw    *ofi.Endpoint
-	q      *ofi.Queue
-	policy PollPolicy
-	log    zerolog.Logger
+	ep         *endpoint.Endpoint // nil for a loop over a test port
+	port       port
+	policy     PollPolicy
+	log        zerolog.Logger
+	wedgeAfter time.Duration
 
 	mu          sync.Mutex // guards the fields up to drive
 	inbox       []*Job
@@ -154,6 +165,7 @@ type Loop struct {
 	lastActive int64 // monoNow of the last activity
 	deadlineAt int64 // monoNow of the last deadline check
 	postMax    int   // ops the next post tries at most: see post
+	stale      int   // completions whose op context was not live (logged, dropped)
 }
 
 // monoBase is the origin of monoNow.
@@ -169,11 +181,18 @@ func monoNow() int64 { return int64(time.Since(monoBase)) + int64(time.Hour) }
 // Start starts the progress loop of ep. The loop owns ep from now on:
 // Close closes it.
 func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
-	depth := ep.Depth()
+	l := newLoop(newEndpointPort(ep), ep.Depth(), policy, log)
+	l.ep = ep
+	go l.run()
+	return l
+}
+
+// newLoop sets up a loop over p with depth op contexts; run starts it.
+func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
-		ep: ep, raw: ep.Raw(), q: ofi.NewQueue(postBatch, depth),
-		policy: policy.normalized(), log: log.With().Str("provider", ep.Provider()).Logger(),
-		wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
+		wedgeAfter: WedgeAfter,
+		wake:       make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
 		timer: time.NewTimer(time.Hour),
@@ -182,7 +201,6 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 	for i := range l.free {
 		l.free[i] = uint32(depth - 1 - i)
 	}
-	go l.run()
 	return l
 }
 
@@ -193,17 +211,25 @@ func (l *Loop) Endpoint() *endpoint.Endpoint { return l.ep }
 // wake the background goroutine: it would only compete with the waiter.
 // Without a waiter the job still starts within the poll policy's
 // MaxSleep, or within max(MaxSleep, 1ms) of the last waiter leaving.) It
-// fails with ErrClosed when the loop is closing.
+// fails with ErrClosed when the loop is closing, and with ErrJobBusy when
+// the job is still in a loop (submitted and not yet settled).
 func (l *Loop) Submit(j *Job) error {
+	if !j.busy.CompareAndSwap(false, true) {
+		return ErrJobBusy
+	}
 	l.mu.Lock()
 	if l.closing {
 		l.mu.Unlock()
+		j.busy.Store(false)
 		return ErrClosed
 	}
 	l.inbox = append(l.inbox, j)
 	l.mu.Unlock()
 	return nil
 }
+
+// ErrJobBusy is a Submit of a job that a loop still holds.
+var ErrJobBusy = errors.New("job submitted again before it settled")
 
 // Wait waits until the job finished, progressing the endpoint itself while
 // that brings completions (for up to the poll policy's Spin without any),
@@ -230,7 +256,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 				last = now
 			}
 		} else if l.sleeping.Load() {
-			l.raw.Signal() // make the background goroutine leave fi_cq_sread
+			l.port.signal() // make the background goroutine leave fi_cq_sread
 		}
 		select {
 		case <-j.done:
@@ -272,12 +298,23 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 	if err := l.acquire(); err != nil {
 		return err
 	}
-	if !l.down && j.gen.Load() == gen && !j.finished {
-		l.expire(j, ctx.Err())
-	}
+	l.abort(j, gen, ctx.Err())
 	l.drive.Unlock()
 	<-j.done
 	return nil
+}
+
+// abort finishes generation gen of j with a *TimeoutError for cause,
+// unless it finished already. Under the drive lock.
+func (l *Loop) abort(j *Job, gen uint64, cause error) {
+	if l.down || j.gen.Load() != gen || j.finished {
+		return
+	}
+	// The job may still be in the inbox: take it in first, so that it is
+	// in no queue once finished. Left in the inbox, it would come back
+	// after its submitter reused it and finish the next transfer early.
+	l.intake()
+	l.expire(j, cause)
 }
 
 // acquire takes the drive lock from outside the loop: it makes the
@@ -292,7 +329,7 @@ func (l *Loop) acquire() error {
 			return err
 		}
 		if l.sleeping.Load() {
-			l.raw.Signal()
+			l.port.signal()
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
@@ -329,8 +366,8 @@ func (l *Loop) Wedged() error {
 	if start == 0 {
 		return nil
 	}
-	if d := time.Duration(monoNow() - start); d > WedgeAfter {
-		return &WedgedError{Provider: l.ep.Provider(), Since: d}
+	if d := time.Duration(monoNow() - start); d > l.wedgeAfter {
+		return &WedgedError{Provider: l.port.provider(), Since: d}
 	}
 	return nil
 }
@@ -344,7 +381,7 @@ func (l *Loop) Poll() bool {
 	l.polled.Store(now)
 	if !l.drive.TryLock() {
 		if l.sleeping.Load() {
-			l.raw.Signal()
+			l.port.signal()
 		}
 		return false
 	}
@@ -415,7 +452,7 @@ func (l *Loop) kick() {
 	default:
 	}
 	if l.sleeping.Load() {
-		l.raw.Signal()
+		l.port.signal()
 	}
 }
 
@@ -569,10 +606,10 @@ func (l *Loop) post() bool {
 		slot := l.free[len(l.free)-1]
 		l.free = l.free[:len(l.free)-1]
 		c := &j.Chunks[j.next]
-		rec := slotRec{job: j, chunk: int32(j.next)}
+		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
 		flags := uint64(ofi.OpCompletion) | j.Flags
-		l.q.Set(len(l.batch), &ofi.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
+		l.port.set(len(l.batch), &ofi.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
 			Key: c.Key, Peer: j.Peer, Flags: flags, Slot: slot, Write: j.Op == Write})
 		l.batch = append(l.batch, posting{rec, slot})
 		j.next++
@@ -583,7 +620,7 @@ func (l *Loop) post() bool {
 		l.compact()
 		return false
 	}
-	posted, err := l.q.Post(l.raw, len(l.batch))
+	posted, err := l.port.post(len(l.batch))
 	// A provider that answers FI_EAGAIN takes no more for now (shm takes
 	// one delivery-complete write per peer at a time): the next round
 	// tries one op more than went through, instead of preparing and
@@ -648,7 +685,7 @@ func (l *Loop) compact() {
 
 // reap reads completions and error completions.
 func (l *Loop) reap() bool {
-	slots, err := l.q.Reap(l.raw)
+	slots, err := l.port.reap()
 	return l.handle(slots, err)
 }
 
@@ -665,7 +702,7 @@ func (l *Loop) handle(slots []uint32, err error) bool {
 		return worked
 	}
 	for {
-		e, ok, rerr := l.q.ReadErr(l.raw)
+		e, ok, rerr := l.port.readErr()
 		if rerr != nil {
 			l.log.Error().Err(rerr).Msg("fi_cq_readerr failed")
 			return true
@@ -690,9 +727,16 @@ func (l *Loop) complete(slot uint32, cqe *ofi.CQError) {
 	rec := l.slots[slot]
 	l.slots[slot] = slotRec{}
 	l.free = append(l.free, slot)
-	j := rec.job
-	j.inflight--
 	l.inflight--
+	j := rec.job
+	if j.gen.Load() != rec.gen {
+		// The job settled and was reused while this op was out: nothing
+		// of the new generation may be finished by it.
+		l.stale++
+		l.log.Error().Uint32("slot", slot).Msg("completion of an op whose transfer was already reused; dropped")
+		return
+	}
+	j.inflight--
 	switch {
 	case j.finished:
 		if cqe != nil {
@@ -717,7 +761,12 @@ func (l *Loop) maybeFinish(j *Job) {
 	l.settle(j)
 }
 
+// finish ends a job once: it leaves the running and posting queues, and
+// its waiter is woken.
 func (l *Loop) finish(j *Job, err error) {
+	if j.finished {
+		return
+	}
 	if err != nil {
 		j.Errs = append(j.Errs, err)
 	}
@@ -750,7 +799,7 @@ func (l *Loop) dropActive(j *Job) {
 func (l *Loop) expire(j *Job, cause error) {
 	j.stopPosting = true
 	l.finish(j, &TimeoutError{
-		Op: j.Op, Provider: l.ep.Provider(), Peer: j.PeerName, Bytes: j.Bytes(),
+		Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
 		After: time.Since(j.Start), Completed: j.Completed, Total: len(j.Chunks), Cause: cause,
 	})
 	l.settle(j)
@@ -785,6 +834,7 @@ func (l *Loop) checkDeadlines(now time.Time) {
 func (l *Loop) settle(j *Job) {
 	if j.finished && j.inflight == 0 && !j.idled {
 		j.idled = true
+		j.busy.Store(false)
 		if j.OnIdle != nil {
 			j.OnIdle(j)
 		}
@@ -793,17 +843,19 @@ func (l *Loop) settle(j *Job) {
 
 func (l *Loop) chunkError(j *Job, chunk int, errno ofi.Errno, provErrno int, msg string, posting bool) error {
 	c := &j.Chunks[chunk]
+	prov := l.port.provider()
 	return &Error{
-		Op: j.Op, Provider: l.ep.Provider(), Peer: j.PeerName, Offset: c.Offset, Len: c.Len,
+		Op: j.Op, Provider: prov, Peer: j.PeerName, Offset: c.Offset, Len: c.Len,
 		Errno: errno, ProvErrno: provErrno, ProvMessage: msg, Posting: posting,
-		Hint: Hint(l.ep.Provider(), errno, provErrno),
+		Hint: Hint(prov, errno, provErrno),
 	}
 }
 
 func (l *Loop) pollEQ() {
-	if ev := l.ep.PollEQ(); ev != nil {
-		l.log.Warn().Str("provider", l.ep.Provider()).Int("err", int(ev.Errno)).Int("prov_errno", ev.ProvErrno).
-			Str("eq_error", ev.Message).Str("hint", Hint(l.ep.Provider(), ev.Errno, ev.ProvErrno)).
+	if ev := l.port.pollEQ(); ev != nil {
+		prov := l.port.provider()
+		l.log.Warn().Str("provider", prov).Int("err", int(ev.Errno)).Int("prov_errno", ev.ProvErrno).
+			Str("eq_error", ev.Message).Str("hint", Hint(prov, ev.Errno, ev.ProvErrno)).
 			Msg("asynchronous endpoint error")
 	}
 }
@@ -818,7 +870,7 @@ func (l *Loop) idle(d time.Duration) bool {
 	if pending || l.drivers.Load() > 0 || monoNow()-l.polled.Load() < int64(time.Millisecond) {
 		return false
 	}
-	if l.ep.Waitable() {
+	if l.port.waitable() {
 		l.drive.Lock()
 		defer l.drive.Unlock()
 		if l.down {
@@ -828,7 +880,7 @@ func (l *Loop) idle(d time.Duration) bool {
 		defer l.sleeping.Store(false)
 		ms := max(int(d/time.Millisecond), 1)
 		l.inCall.Store(monoNow())
-		slots, err := l.q.Wait(l.raw, ms)
+		slots, err := l.port.wait(ms)
 		l.inCall.Store(0)
 		worked := l.handle(slots, err)
 		if worked {
@@ -884,11 +936,11 @@ func (l *Loop) shutdown() {
 			l.finish(j, ErrClosed)
 		}
 	}
-	unsafe := l.ep.UnsafeToCloseInFlight()
-	if l.inflight > 0 && unsafe {
+	unsafeClose := l.port.unsafeToCloseInFlight()
+	if l.inflight > 0 && unsafeClose {
 		l.drain(shutdownDrain)
 	}
-	abandon := l.inflight > 0 && unsafe
+	abandon := l.inflight > 0 && unsafeClose
 	clear(l.slots)
 	if before != nil {
 		before()
@@ -896,17 +948,16 @@ func (l *Loop) shutdown() {
 	if abandon {
 		l.log.Warn().Int("in_flight", l.inflight).
 			Msg("endpoint left open, not closed: closing it with ops in flight crashes libfabric 1.x's tcp;ofi_rxm; it is never progressed again")
-		l.ep.Abandon()
+		l.port.abandon()
 	}
 	// Closing the endpoint ends what the provider was doing with the
 	// memory of ops still in flight; only then are they idle. (An
 	// abandoned endpoint is never progressed again, which ends it too.)
-	l.ep.Close()
+	l.port.close()
 	l.down = true
 	l.active, l.running = nil, nil
 	for _, j := range jobs {
 		j.inflight = 0
 		l.settle(j)
 	}
-	l.q.Free()
 }

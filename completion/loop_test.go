@@ -1,0 +1,526 @@
+package completion
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/ofi"
+)
+
+// fakePort is a queue without libfabric: posted ops wait in pending until
+// the test (or auto) completes them; post can take fewer ops than offered
+// (FI_EAGAIN), fail one for good, or block (a call that never returns).
+type fakePort struct {
+	mu       sync.Mutex
+	pending  []uint32 // slots posted and not completed, in post order
+	ops      map[uint32]ofi.Op
+	batch    []ofi.Op // set by the loop, posted by post
+	offered  []int    // n of every post call
+	done     []uint32 // completions to hand out at the next reap
+	errs     []ofi.CQError
+	accept   int // ops one post takes at most; 0: all
+	failNext ofi.Errno
+	auto     bool // every pending op completes at the next reap
+	rng      *rand.Rand
+	gate     chan struct{} // when set, post blocks until it is closed
+	blocked  chan struct{} // closed when post blocks on gate
+	posted   atomic.Int64
+	closed   bool
+}
+
+func newFakePort() *fakePort {
+	return &fakePort{ops: map[uint32]ofi.Op{}, batch: make([]ofi.Op, postBatch)}
+}
+
+func (f *fakePort) provider() string { return "fake" }
+
+func (f *fakePort) set(i int, op *ofi.Op) {
+	f.mu.Lock()
+	f.batch[i] = *op
+	f.mu.Unlock()
+}
+
+func (f *fakePort) post(n int) (int, error) {
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate != nil {
+		close(f.blocked)
+		<-gate
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.offered = append(f.offered, n)
+	k := n
+	if f.accept > 0 && k > f.accept {
+		k = f.accept
+	}
+	if f.failNext != 0 && k > 0 {
+		k--
+	}
+	for _, op := range f.batch[:k] {
+		if _, dup := f.ops[op.Slot]; dup {
+			panic("slot " + strconv.Itoa(int(op.Slot)) + " posted twice")
+		}
+		f.ops[op.Slot] = op
+		f.pending = append(f.pending, op.Slot)
+	}
+	f.posted.Add(int64(k))
+	switch {
+	case f.failNext != 0:
+		err := &ofi.CallError{Call: "fi_readmsg/fi_writemsg", Errno: f.failNext}
+		f.failNext = 0
+		return k, err
+	case k < n:
+		return k, &ofi.CallError{Call: "fi_readmsg/fi_writemsg", Errno: ofi.ErrAgain}
+	}
+	return k, nil
+}
+
+func (f *fakePort) reap() ([]uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.auto && len(f.pending) > 0 {
+		n := len(f.pending)
+		if f.rng != nil {
+			n = 1 + f.rng.IntN(n)
+		}
+		for _, s := range f.pending[:n] {
+			f.done = append(f.done, s)
+		}
+		f.pending = append(f.pending[:0], f.pending[n:]...)
+	}
+	out := f.done
+	f.done = nil
+	for _, s := range out {
+		delete(f.ops, s)
+	}
+	if len(f.errs) > 0 {
+		return out, &ofi.CallError{Call: "fi_cq_read", Errno: ofi.ErrAvail}
+	}
+	return out, nil
+}
+
+func (f *fakePort) readErr() (ofi.CQError, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.errs) == 0 {
+		return ofi.CQError{}, false, nil
+	}
+	e := f.errs[0]
+	f.errs = f.errs[1:]
+	delete(f.ops, e.Slot)
+	return e, true, nil
+}
+
+func (f *fakePort) waitable() bool                { return false }
+func (f *fakePort) wait(int) ([]uint32, error)    { return f.reap() }
+func (f *fakePort) signal()                       {}
+func (f *fakePort) pollEQ() *ofi.EQError          { return nil }
+func (f *fakePort) unsafeToCloseInFlight() bool   { return false }
+func (f *fakePort) abandon()                      {}
+func (f *fakePort) close()                        { f.mu.Lock(); f.closed = true; f.mu.Unlock() }
+func (f *fakePort) setAuto(on bool, r *rand.Rand) { f.mu.Lock(); f.auto, f.rng = on, r; f.mu.Unlock() }
+
+// complete completes the first n pending ops (all when n < 0).
+func (f *fakePort) complete(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n < 0 || n > len(f.pending) {
+		n = len(f.pending)
+	}
+	f.done = append(f.done, f.pending[:n]...)
+	f.pending = append(f.pending[:0], f.pending[n:]...)
+}
+
+// fail turns the first pending op into an error completion.
+func (f *fakePort) fail(errno ofi.Errno) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.pending[0]
+	f.pending = f.pending[1:]
+	f.errs = append(f.errs, ofi.CQError{Err: errno, Slot: s, ProvMessage: "injected"})
+}
+
+func (f *fakePort) inFlight() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.pending)
+}
+
+// testLoop is a loop over a fake port with depth op contexts. It does not
+// run its background goroutine unless background is set: tests step it.
+func testLoop(t *testing.T, depth int, background bool) (*Loop, *fakePort) {
+	t.Helper()
+	f := newFakePort()
+	l := newLoop(f, depth, BusyPollPolicy, zerolog.Nop())
+	if background {
+		go l.run()
+		t.Cleanup(func() { l.Close(nil) })
+	}
+	return l, f
+}
+
+// step is one round of progress, as a driver does it.
+func step(l *Loop) bool {
+	l.drive.Lock()
+	defer l.drive.Unlock()
+	return l.iterate(monoNow())
+}
+
+// job is a job of n chunks of 8 bytes; idle counts its OnIdle calls.
+func job(n int, idle *atomic.Int32) *Job {
+	j := NewJob()
+	fillJob(j, n, 0)
+	j.OnIdle = func(*Job) {
+		if idle != nil {
+			idle.Add(1)
+		}
+	}
+	return j
+}
+
+func fillJob(j *Job, n int, base uintptr) {
+	for i := 0; i < n; i++ {
+		j.Chunks = append(j.Chunks, Chunk{Local: base + uintptr(8*i+8), Len: 8, Remote: uint64(8 * i), Offset: uint64(8 * i)})
+	}
+}
+
+// checkFinished asserts the loop's contract for a finished job: no error
+// means every chunk completed.
+func checkFinished(t *testing.T, j *Job) {
+	t.Helper()
+	if len(j.Errs) == 0 {
+		assert.Equal(t, len(j.Chunks), j.Completed, "a job without errors must have completed every chunk")
+	}
+}
+
+func isDone(j *Job) bool {
+	select {
+	case <-j.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestLoopPostsAgainAfterEAGAIN(t *testing.T) {
+	l, f := testLoop(t, 256, false)
+	f.accept = 1 // the provider takes one op per call, answering FI_EAGAIN to the rest
+	f.setAuto(true, nil)
+	var idle atomic.Int32
+	j := job(100, &idle)
+	require.NoError(t, l.Submit(j))
+	for i := 0; i < 1000 && !j.finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(j))
+	assert.Empty(t, j.Errs)
+	assert.Equal(t, 100, j.Completed)
+	assert.Equal(t, 100, j.Attempted)
+	assert.Equal(t, int64(100), f.posted.Load(), "every chunk posted once")
+	assert.Equal(t, int32(1), idle.Load())
+	// After the first FI_EAGAIN the loop offers one op more than went
+	// through, instead of the whole batch again.
+	require.Greater(t, len(f.offered), 2)
+	assert.Equal(t, 64, f.offered[0])
+	for _, n := range f.offered[1:] {
+		assert.LessOrEqual(t, n, 2)
+	}
+	assert.Equal(t, 0, l.inflight)
+	assert.Len(t, l.free, 256)
+}
+
+func TestLoopPostFailureFailsTheChunk(t *testing.T) {
+	l, f := testLoop(t, 16, false)
+	f.failNext = ofi.ErrInval
+	f.setAuto(true, nil)
+	j := job(4, nil)
+	require.NoError(t, l.Submit(j))
+	for i := 0; i < 100 && !j.finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(j))
+	require.Len(t, j.Errs, 1)
+	var ce *Error
+	require.ErrorAs(t, j.Errs[0], &ce)
+	assert.True(t, ce.Posting)
+	assert.ErrorIs(t, j.Errs[0], ofi.ErrInval)
+	checkFinished(t, j)
+}
+
+// The interleaving behind "ReadInto returned nil and the bytes were not
+// there": a job whose context ends while it is still in the inbox is
+// finished by its waiter, settles, and is reused by its submitter. Had it
+// stayed in the inbox, the next round would take the reused job in and
+// finish it at once — a stale token in done, which ends the next Wait of
+// the new transfer with no chunk completed.
+func TestLoopJobExpiredInInboxLeavesEveryQueue(t *testing.T) {
+	l, f := testLoop(t, 16, false)
+	var idle atomic.Int32
+	j := job(8, &idle)
+	require.NoError(t, l.Submit(j)) // in the inbox: no round has run
+
+	l.drive.Lock()
+	l.abort(j, j.gen.Load(), context.DeadlineExceeded)
+	l.drive.Unlock()
+	require.True(t, isDone(j), "the waiter is woken")
+	var te *TimeoutError
+	require.ErrorAs(t, j.Errs[0], &te)
+	assert.Equal(t, 0, j.Attempted)
+	assert.Equal(t, int32(1), idle.Load(), "nothing in flight: settled at once")
+	assert.Empty(t, l.inbox)
+	assert.Empty(t, l.running)
+	assert.Empty(t, l.active)
+
+	// The submitter reuses it for a transfer whose ops do not complete.
+	j.Reset()
+	fillJob(j, 2, 0x1000)
+	step(l)
+	require.False(t, isDone(j), "nothing may finish the reused job before it is submitted")
+	require.NoError(t, l.Submit(j))
+	step(l)
+	assert.Equal(t, 2, f.inFlight())
+	assert.False(t, isDone(j), "its chunks are still in flight")
+	f.complete(-1)
+	step(l)
+	require.True(t, isDone(j))
+	assert.Empty(t, j.Errs)
+	checkFinished(t, j)
+	assert.Equal(t, int32(2), idle.Load())
+}
+
+func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
+	l, f := testLoop(t, 2, false) // two op contexts: b waits for a's
+	var idleA, idleB atomic.Int32
+	a, b := job(4, &idleA), job(4, &idleB)
+	past := time.Now().Add(-time.Second)
+	a.Deadline, b.Deadline = time.Now().Add(time.Hour), past
+	require.NoError(t, l.Submit(a))
+	require.NoError(t, l.Submit(b))
+	step(l)
+	assert.Equal(t, 2, f.inFlight(), "a holds both contexts")
+	l.drive.Lock()
+	l.checkDeadlines(time.Now())
+	l.drive.Unlock()
+	require.True(t, isDone(b), "b expired while queued behind a")
+	var te *TimeoutError
+	require.ErrorAs(t, b.Errs[0], &te)
+	assert.ErrorIs(t, b.Errs[0], context.DeadlineExceeded)
+	assert.Equal(t, 0, b.Attempted)
+	assert.Equal(t, int32(1), idleB.Load())
+	assert.False(t, isDone(a))
+
+	// a expires with two chunks in flight: it finishes now, and settles
+	// (OnIdle: its memory may go) only when they complete.
+	a.Deadline = past
+	l.drive.Lock()
+	l.checkDeadlines(time.Now())
+	l.drive.Unlock()
+	require.True(t, isDone(a))
+	require.ErrorAs(t, a.Errs[0], &te)
+	assert.Equal(t, int32(0), idleA.Load(), "chunks in flight: not idle")
+	assert.Equal(t, 2, a.InFlight())
+	f.complete(1)
+	step(l)
+	assert.Equal(t, int32(0), idleA.Load())
+	f.complete(-1)
+	step(l)
+	assert.Equal(t, int32(1), idleA.Load())
+	assert.Equal(t, 0, l.inflight)
+	assert.Len(t, l.free, 2)
+	assert.Equal(t, 0, a.Completed, "completions after the job finished are not counted")
+	assert.False(t, isDone(a), "one wake-up per job")
+
+	// Reuse after expiry: the new generation completes in full.
+	b.Reset()
+	fillJob(b, 3, 0x100)
+	require.NoError(t, l.Submit(b))
+	f.setAuto(true, nil)
+	for i := 0; i < 10 && !b.finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(b))
+	assert.Empty(t, b.Errs)
+	assert.Equal(t, 3, b.Completed)
+}
+
+func TestLoopSubmitTwiceIsRefused(t *testing.T) {
+	l, _ := testLoop(t, 4, false)
+	j := job(1, nil)
+	require.NoError(t, l.Submit(j))
+	assert.ErrorIs(t, l.Submit(j), ErrJobBusy)
+}
+
+func TestLoopErrorCompletion(t *testing.T) {
+	l, f := testLoop(t, 8, false)
+	j := job(3, nil)
+	require.NoError(t, l.Submit(j))
+	step(l)
+	f.fail(ofi.ErrKeyRejected)
+	f.complete(-1)
+	for i := 0; i < 10 && !j.finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(j))
+	require.Len(t, j.Errs, 1)
+	var ce *Error
+	require.ErrorAs(t, j.Errs[0], &ce)
+	assert.Equal(t, ofi.ErrKeyRejected, ce.Errno)
+	assert.Equal(t, "injected", ce.ProvMessage)
+	assert.Equal(t, 2, j.Completed)
+}
+
+func TestLoopCompletionForUnknownOrStaleContext(t *testing.T) {
+	l, f := testLoop(t, 4, false)
+	j := job(1, nil)
+	require.NoError(t, l.Submit(j))
+	step(l)
+	require.Equal(t, 1, f.inFlight())
+
+	// Slots the loop never handed out, and an error with no op context.
+	f.mu.Lock()
+	f.done = append(f.done, 3, 77)
+	f.errs = append(f.errs, ofi.CQError{Err: ofi.ErrIO, Slot: ofi.NoSlot})
+	f.mu.Unlock()
+	step(l)
+	assert.False(t, isDone(j))
+	assert.Equal(t, 0, j.Completed)
+
+	// The job moves to a new generation while its op is out (a bug this
+	// check guards against): the late completion must not count for it.
+	j.gen.Add(1)
+	f.complete(-1)
+	step(l)
+	assert.Equal(t, 1, l.stale)
+	assert.Equal(t, 0, j.Completed)
+	assert.Equal(t, 0, l.inflight)
+	assert.Len(t, l.free, 4)
+}
+
+func TestLoopWedgeDetection(t *testing.T) {
+	l, f := testLoop(t, 4, false)
+	l.wedgeAfter = 50 * time.Millisecond
+	gate := make(chan struct{})
+	f.gate, f.blocked = gate, make(chan struct{})
+	j := job(1, nil)
+	require.NoError(t, l.Submit(j))
+	stuck := make(chan struct{})
+	go func() {
+		defer close(stuck)
+		step(l) // blocks inside post, as a libfabric call that never returns
+	}()
+	<-f.blocked
+	start := time.Now()
+	err := l.Do(func() { t.Error("Do ran on a wedged endpoint") })
+	var we *WedgedError
+	require.ErrorAs(t, err, &we)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.ErrorAs(t, l.Wedged(), &we)
+	assert.Contains(t, we.Error(), "stuck inside libfabric")
+	close(gate)
+	<-stuck
+	assert.NoError(t, l.Wedged())
+}
+
+func TestLoopCloseFailsPendingJobs(t *testing.T) {
+	l, _ := testLoop(t, 4, true)
+	var idle atomic.Int32
+	j := job(2, &idle)
+	j.Chunks = append(j.Chunks, j.Chunks...) // posted or not, Close ends it
+	require.NoError(t, l.Submit(j))
+	l.Close(nil)
+	require.True(t, isDone(j))
+	assert.ErrorIs(t, j.Errs[len(j.Errs)-1], ErrClosed)
+	assert.Equal(t, int32(1), idle.Load())
+	assert.ErrorIs(t, l.Submit(job(1, nil)), ErrClosed)
+}
+
+// TestLoopRandomized runs many goroutines' jobs through one loop whose
+// fake queue completes ops in random bunches, with random deadlines and
+// cancellations, reusing every job as transport does: every finished job
+// without errors must have completed every chunk, and OnIdle runs once
+// per use.
+func TestLoopRandomized(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("TEST_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err)
+		seed = v
+	}
+	t.Logf("seed %d (replay with TEST_SEED=%d)", seed, seed)
+	l, f := testLoop(t, 32, true)
+	f.setAuto(true, rand.New(rand.NewPCG(seed, 1)))
+	const workers, rounds = 6, 300
+	var violations atomic.Int32
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(w)+2))
+			var idle atomic.Int32
+			j := NewJob()
+			j.OnIdle = func(*Job) { idle.Add(1) }
+			for i := 0; i < rounds; i++ {
+				j.Reset()
+				fillJob(j, 1+r.IntN(80), uintptr(w)<<20)
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				switch r.IntN(4) {
+				case 0:
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(r.IntN(200))*time.Microsecond)
+				case 1:
+					ctx, cancel = context.WithCancel(ctx)
+					cancel()
+				case 2:
+					j.Deadline = time.Now().Add(time.Duration(r.IntN(300)) * time.Microsecond)
+				}
+				before := idle.Load()
+				if err := l.Submit(j); err != nil {
+					t.Errorf("worker %d round %d: submit: %v", w, i, err)
+					cancel()
+					return
+				}
+				if err := l.Wait(ctx, j); err != nil {
+					t.Errorf("worker %d round %d: wait: %v", w, i, err)
+				}
+				cancel()
+				if len(j.Errs) == 0 && j.Completed != len(j.Chunks) {
+					violations.Add(1)
+					t.Errorf("seed %d worker %d round %d: finished without error after %d of %d chunks",
+						seed, w, i, j.Completed, len(j.Chunks))
+				}
+				for _, e := range j.Errs {
+					var te *TimeoutError
+					if !errors.As(e, &te) {
+						t.Errorf("seed %d worker %d round %d: unexpected error %v", seed, w, i, e)
+					}
+				}
+				// The transport releases a job once it is idle: wait for it.
+				for idle.Load() == before {
+					time.Sleep(10 * time.Microsecond)
+				}
+				if got := idle.Load(); got != before+1 {
+					t.Errorf("seed %d worker %d round %d: OnIdle ran %d times", seed, w, i, got-before)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	l.drive.Lock()
+	stale := l.stale
+	l.drive.Unlock()
+	assert.Equal(t, 0, stale, "completions that reached a reused job")
+	assert.Equal(t, int32(0), violations.Load())
+}
