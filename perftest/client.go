@@ -137,7 +137,7 @@ func (s *Session) CheckSizes() error {
 // Iters ops in windows of Window (one Action each), as fi_rma_bw does.
 // When ctx ends it returns the rows so far (the current one marked
 // incomplete) and ctx's error.
-func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
+func (s *Session) RunBandwidth(ctx context.Context) (_ []Row, err error) {
 	cfg := s.cfg
 	if err := s.CheckSizes(); err != nil {
 		return nil, err
@@ -163,7 +163,13 @@ func (s *Session) RunBandwidth(ctx context.Context) ([]Row, error) {
 		_ = mr.Free(mem)
 		return nil, err
 	}
-	defer func() { _ = release(local, mem) }()
+	defer func() {
+		if err != nil {
+			releaseLater(local, mem)
+			return
+		}
+		_ = release(local, mem)
+	}()
 
 	var rows []Row
 	for si, size := range cfg.Sizes {

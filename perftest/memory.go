@@ -14,3 +14,11 @@ func release(buf *transport.Buffer, mem []byte) error {
 	}
 	return mr.Free(mem)
 }
+
+// releaseLater is release for a buffer whose transfer failed: Close may
+// wait for the ops that transfer left with the provider until the
+// manager's timeout, and the failure is reported now, not after that
+// wait. The memory is freed when Close allows it.
+func releaseLater(buf *transport.Buffer, mem []byte) {
+	go func() { _ = release(buf, mem) }()
+}

@@ -50,6 +50,10 @@ func (p *PingPongBuffer) Hello() bootstrap.Message {
 // when ops of an interrupted transfer still use it).
 func (p *PingPongBuffer) Close() error { return release(p.buf, p.mem) }
 
+// CloseLater is Close after a failed pingpong: it returns at once, and
+// the memory is freed once no op of the failed transfer uses it.
+func (p *PingPongBuffer) CloseLater() { releaseLater(p.buf, p.mem) }
+
 // serverGone is the client's stall check: the server sends nothing
 // during a pingpong unless it ends the session (with an error message,
 // or by closing the connection).

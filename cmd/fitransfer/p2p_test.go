@@ -205,6 +205,47 @@ func TestInterruptPrintsWhatWasMeasured(t *testing.T) {
 	assert.Contains(t, errb.String(), "interrupted")
 }
 
+// TestClientErrorWithinTimeout: a server that stops answering in the
+// middle of a run (SIGSTOP: alive, connected, not progressing) makes the
+// client fail within --timeout and a second, not after a second wait on
+// its own buffer's Close.
+func TestClientErrorWithinTimeout(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, test := range []string{"write", "read", "pingpong"} {
+		t.Run("tcp/"+test, func(t *testing.T) {
+			srv := cliCommand(t, "serve", "--listen", "127.0.0.1:0", "--size", "1m", "-p", "tcp")
+			srv.Stderr = os.Stderr
+			addr, _ := runServer(t, srv)
+			t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGCONT) })
+			cli := cliCommand(t, test, addr, "-p", "tcp", "-S", "64k", "-I", "1000000000", "--timeout", timeout.String())
+			var out strings.Builder
+			errb := &syncLog{}
+			cli.Stdout, cli.Stderr = &out, logWriter{errb}
+			require.NoError(t, cli.Start())
+			cliDone := make(chan error, 1)
+			go func() { cliDone <- cli.Wait() }()
+			require.Eventually(t, func() bool { return strings.Contains(errb.String(), " peer ") }, 30*time.Second, 10*time.Millisecond,
+				"the client did not connect")
+
+			require.NoError(t, srv.Process.Signal(syscall.SIGSTOP))
+			stopped := time.Now()
+			select {
+			case err := <-cliDone:
+				took := time.Since(stopped)
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), errb.String())
+				assert.Equal(t, exitFail, ee.ExitCode())
+				assert.Less(t, took, timeout+time.Second, "the error arrives within --timeout + 1 s: %s", errb.String())
+				assert.Contains(t, errb.String(), "timed out")
+			case <-time.After(30 * time.Second):
+				_ = cli.Process.Signal(syscall.SIGQUIT)
+				<-cliDone
+				t.Fatalf("client still running 30 s after its server stopped; stderr %q", errb.String())
+			}
+		})
+	}
+}
+
 // TestServeInterruptedMidSession: Ctrl-C on a server with a client in the
 // middle of a run stops it at once; the client fails soon after, with the
 // server's word first, and the server frees nothing still in use (a

@@ -113,15 +113,20 @@ func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
 }
 
 // runSession connects and runs the test of cfg.Mode.
-func runSession(ctx context.Context, cfg perftest.Config) ([]perftest.Row, error) {
+func runSession(ctx context.Context, cfg perftest.Config) (_ []perftest.Row, err error) {
 	var pp *perftest.PingPongBuffer
 	var hello bootstrap.Message
 	if cfg.Mode == bootstrap.ModePingPong {
-		var err error
 		if pp, err = perftest.NewPingPongBuffer(cfg); err != nil {
 			return nil, err
 		}
-		defer pp.Close()
+		defer func() {
+			if err != nil {
+				pp.CloseLater() // report the failure now, not after Close's wait
+				return
+			}
+			_ = pp.Close()
+		}()
 		hello = pp.Hello()
 	}
 	s, err := perftest.Connect(cfg, hello)
