@@ -165,8 +165,8 @@ type cmaEntries struct {
 // seen, when this request already read it) and checks the handle and the
 // op against it.
 func cmaCheck(o *opSpec, seen *cmaEntries) error {
-	pid := cmaPID(o.ep.name)
-	addr := o.ep.guard.table + uint64(o.ep.guard.slot)*guardEntrySize
+	pid := o.peer.pid
+	addr := o.peer.cma.table + uint64(o.ep.guard.slot)*guardEntrySize
 	for i := 0; i < seen.n; i++ {
 		if seen.keys[i].pid == pid && seen.keys[i].addr == addr {
 			return checkEntry(seen.entries[i][:], &o.remote, o.ep, need(o.op), true)
@@ -255,7 +255,7 @@ func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) 
 			one(o)
 			continue
 		}
-		p := cmaPID(o.ep.name)
+		p := o.peer.pid
 		if n == cmaBatchMax || n > 0 && (p != pid || o.op != op || want+o.remote.n > cmaChunk) {
 			flush()
 		}
@@ -276,7 +276,7 @@ func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) 
 
 // cmaCopy moves the op's bytes, in chunks, checking ctx in between.
 func cmaCopy(ctx context.Context, o *opSpec) error {
-	pid := cmaPID(o.ep.name)
+	pid := o.peer.pid
 	local := o.local.st.mem[o.local.off : o.local.off+o.remote.n] // host memory: prepare routed device memory elsewhere
 	remote := o.ep.base + o.remote.off
 	for off := uint64(0); off < o.remote.n; {

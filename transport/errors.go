@@ -39,6 +39,8 @@ var (
 	// because ops to a peer that died are still in flight on it (see
 	// backend.blocked).
 	ErrEndpointBlocked = errors.New("endpoint blocked")
+	// ErrPeerGone: the buffer's owner exited or closed its manager.
+	ErrPeerGone = errors.New("peer gone")
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every

@@ -190,7 +190,7 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, vir
 	// FI_MR_VIRT_ADDR advertises offset 0 instead (mr.RemoteAddr).
 	base := mr.RemoteAddr(virtAddr, uintptr(w(gwBase)), 0)
 	if ep.provider == cmaProvider {
-		if w(gwTable) != ep.guard.key {
+		if w(gwTable) != ep.guard.key { // matchesPeer made it the verified owner's table id
 			return fmt.Errorf("%w: no guard table of buffer %d's owner at the handle's address (the owner exited?)", ErrStaleHandle, r.id)
 		}
 		key = w(gwCMAKey)
@@ -266,16 +266,17 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 	}()
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = completion.Read, p.addr, p.name, nowFunc(), deadline
-	x.pid, j.Check = shmPeerPID(name), peerAlive
+	x.pid, j.Check = ops[checks[0].op].peer.pid, peerAlive
 	for i := range checks {
 		ep := ops[checks[i].op].ep
 		if string(ep.name) != string(name) {
 			continue
 		}
-		remote := ep.guard.table + uint64(ep.guard.slot)*guardEntrySize
+		peer := ops[checks[i].op].peer // the table's place comes from the owner, verified, not from the handle
+		remote := peer.shm.table + uint64(ep.guard.slot)*guardEntrySize
 		checks[i].entry = -1
 		for k := range j.Chunks {
-			if j.Chunks[k].Remote == remote && j.Chunks[k].Key == ep.guard.key {
+			if j.Chunks[k].Remote == remote && j.Chunks[k].Key == peer.shm.key {
 				checks[i].entry = k
 				break
 			}
@@ -292,7 +293,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		checks[i].entry = len(j.Chunks)
 		j.Chunks = append(j.Chunks, completion.Chunk{
 			Local: uintptr(unsafe.Pointer(&entry[0])), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
-			Remote: remote, Key: ep.guard.key,
+			Remote: remote, Key: peer.shm.key,
 		})
 	}
 	if err := x.submit(); err != nil {

@@ -31,6 +31,8 @@ type Manager struct {
 	cmaB     *backend   // the cma path; nil when not used
 	guard    *guardTable
 	reach    cmaReach
+	verifier *verifier // answers peers verifying this manager; nil without same-node backends
+	verified peers     // owners this manager verified (or failed to)
 
 	mu     sync.RWMutex // read-held while a transfer or registration is set up
 	closed bool
@@ -135,9 +137,19 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 				return nil, err
 			}
 		}
+		if err := m.startVerifier(); err != nil {
+			m.Close()
+			return nil, err
+		}
 	}
+	liveManagers.Store(m.id, m)
 	return m, nil
 }
+
+// liveManagers are this process's open managers, by ID: a handle of one
+// of them is served by a copy in this process, checked against its
+// owner's own record, never by a same-node route toward this process.
+var liveManagers sync.Map
 
 // discover runs fi_getinfo with fitransfer's RMA hints; with
 // WithSourceAddress, IP providers are asked for that local address.
@@ -298,66 +310,118 @@ type Route struct {
 // Route says which backend a transfer with r would use, and why; an error
 // wrapping ErrNoRoute when none can.
 func (m *Manager) Route(r RemoteBuffer) (Route, error) {
-	b, ep, loc, err := m.route(&r)
+	rt, err := m.route(&r)
 	if err != nil {
-		return Route{Locality: loc}, err
+		return Route{Locality: rt.loc}, err
 	}
+	b, ep, loc := rt.b, rt.ep, rt.loc
 	if b == nil {
-		return Route{Backend: string(fabric.BackendMemcpy), Locality: loc, Reason: "the buffer belongs to this manager"}, nil
+		reason := "the buffer belongs to this manager"
+		if rt.owner != m {
+			reason = "the buffer belongs to another manager of this process"
+		}
+		return Route{Backend: string(fabric.BackendMemcpy), Locality: loc, Reason: reason}, nil
 	}
 	reason := fmt.Sprintf("owner is on %s; both ends have %s", loc, ep.provider)
-	if loc == fabric.SameNode && b.provider != "shm" && !b.cma {
+	switch {
+	case rt.peer != nil:
+		reason += fmt.Sprintf("; owner process %d verified by the kernel (same user)", rt.peer.pid)
+	case loc == fabric.SameNode && rt.refused != "":
+		reason += " (no same-node route: " + rt.refused + ")"
+	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
 	if b.cma {
-		return Route{Backend: b.provider, Locality: loc, Reason: reason, Peer: cmaPeer(cmaPID(ep.name))}, nil
+		return Route{Backend: b.provider, Locality: loc, Reason: reason, Peer: cmaPeer(rt.peer.pid)}, nil
 	}
 	return Route{Backend: b.provider, Locality: loc, Reason: reason,
 		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
 }
 
-// route picks the backend for a handle: nil backend for memcpy (same
-// manager); shm when the owner is on this node and both have it; else the
+// matchesPeer checks a same-node endpoint of a handle against its owner
+// as the kernel verified it: a handle whose process, shm address or guard
+// table is not its owner's is stale or forged.
+func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
+	switch {
+	case ep.guard == nil || ep.guard.table != peer.guardFor(ep.provider).table || ep.guard.key != peer.guardFor(ep.provider).key:
+		return fmt.Errorf("%w: buffer %d's guard table is not its owner's (process %d)", ErrStaleHandle, r.id, peer.pid)
+	case ep.guard.slot >= guardSlots:
+		return fmt.Errorf("%w: buffer %d's guard slot %d is out of range", ErrStaleHandle, r.id, ep.guard.slot)
+	case ep.provider == cmaProvider && cmaPID(ep.name) != peer.pid:
+		return fmt.Errorf("%w: the handle names process %d, its owner is process %d", ErrStaleHandle, cmaPID(ep.name), peer.pid)
+	case ep.provider != cmaProvider && string(ep.name) != string(peer.shmName):
+		return fmt.Errorf("%w: the handle's shm address is not its owner's (process %d)", ErrStaleHandle, peer.pid)
+	}
+	return nil
+}
+
+// routed is where a handle's transfers go.
+type routed struct {
+	b     *backend  // nil: a copy within this process
+	ep    *remoteEP // the handle's endpoint on b
+	loc   fabric.Locality
+	owner *Manager      // the owning manager, when it is in this process
+	peer  *sameNodePeer // the verified owner process, on a same-node route
+	// refused says why a same-node owner got no same-node route.
+	refused string
+	// gone is set when that is because the owner is gone.
+	gone *completion.PeerGoneError
+}
+
+// route picks the backend for a handle: a copy when the owner is a
+// manager of this process; cma, else shm, when the owner is on this node,
+// the kernel verified it (sameNodePeer) and both have the route; else the
 // remote backend if the owner has it, else any backend both have.
-func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, error) {
+func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 	if r.IsZero() {
-		return nil, nil, fabric.Remote, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
+		return routed{loc: fabric.Remote}, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
 	}
 	if r.owner == m.id {
-		return nil, nil, fabric.SameProcess, nil
+		return routed{loc: fabric.SameProcess, owner: m}, nil
 	}
-	loc := fabric.Remote
+	if o, ok := liveManagers.Load(r.owner); ok {
+		return routed{loc: fabric.SameProcess, owner: o.(*Manager)}, nil
+	}
+	rt := routed{loc: fabric.Remote}
 	if r.node == m.node {
-		loc = fabric.SameNode
+		rt.loc = fabric.SameNode
 	}
-	try := func(b *backend) (*backend, *remoteEP, fabric.Locality, error) {
-		if b == nil {
-			return nil, nil, loc, nil
-		}
-		ep := r.endpoint(b.provider)
-		if ep == nil {
-			return nil, nil, loc, nil
-		}
-		return b, ep, loc, nil
+	cmaEP, shmEP := r.endpoint(cmaProvider), (*remoteEP)(nil)
+	if m.sameNode != nil {
+		shmEP = r.endpoint(m.sameNode.provider)
 	}
-	if loc == fabric.SameNode {
-		if ep := r.endpoint(cmaProvider); m.cmaB != nil && ep != nil && ep.guard != nil &&
-			m.reach.reaches(cmaPID(ep.name), ep.guard.table) {
-			return m.cmaB, ep, loc, nil
-		}
-		if b, ep, _, _ := try(m.sameNode); b != nil {
-			return b, ep, loc, nil
+	if rt.loc == fabric.SameNode && (m.cmaB != nil && cmaEP != nil || shmEP != nil) {
+		peer, err := m.sameNodePeer(r.owner)
+		switch {
+		case errors.As(err, &rt.gone):
+			rt.gone.Provider = cmaProvider
+			if m.cmaB == nil || cmaEP == nil {
+				rt.gone.Provider = m.sameNode.provider
+			}
+			rt.refused = err.Error()
+		case err != nil:
+			rt.refused = sameNodeRefusal(err)
+		case m.cmaB != nil && cmaEP != nil && m.reach.reaches(peer.pid, peer.cma.table):
+			rt.b, rt.ep, rt.peer = m.cmaB, cmaEP, peer
+			return rt, matchesPeer(r, cmaEP, peer)
+		case shmEP != nil && peer.shmName != nil:
+			rt.b, rt.ep, rt.peer = m.sameNode, shmEP, peer
+			return rt, matchesPeer(r, shmEP, peer)
 		}
 	}
-	if b, ep, _, _ := try(m.remote); b != nil {
-		return b, ep, loc, nil
+	if m.remote != nil {
+		if ep := r.endpoint(m.remote.provider); ep != nil {
+			rt.b, rt.ep = m.remote, ep
+			return rt, nil
+		}
 	}
 	for _, b := range m.backends {
-		if b.provider == "shm" && loc != fabric.SameNode {
-			continue // shm cannot reach another node
+		if b == m.sameNode {
+			continue // same-node routes only toward a verified owner, above
 		}
 		if ep := r.endpoint(b.provider); ep != nil {
-			return b, ep, loc, nil
+			rt.b, rt.ep = b, ep
+			return rt, nil
 		}
 	}
 	var local []string
@@ -367,7 +431,14 @@ func (m *Manager) route(r *RemoteBuffer) (*backend, *remoteEP, fabric.Locality, 
 	if m.cmaB != nil {
 		local = append(local, cmaProvider)
 	}
-	return nil, nil, loc, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, loc, r.Providers(), local)
+	if rt.gone != nil {
+		return rt, rt.gone
+	}
+	if rt.refused != "" {
+		return rt, fmt.Errorf("%w: the owner is on this node but no same-node route may be used (%s), and it offers no other route this manager has (owner: %v, here: %v)",
+			ErrAccessDenied, rt.refused, r.Providers(), local)
+	}
+	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
 }
 
 // Poll progresses every backend once (skipping those another goroutine is
@@ -391,6 +462,11 @@ func (m *Manager) Close() error {
 	}
 	m.closed = true
 	m.mu.Unlock()
+	liveManagers.Delete(m.id)
+	if m.verifier != nil {
+		m.verifier.close()
+	}
+	m.verified.close()
 	m.bufsMu.Lock()
 	bufs := m.bufs
 	m.bufs = map[uint64]*bufState{}

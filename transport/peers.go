@@ -33,8 +33,12 @@ func (m *Manager) Address() Address {
 // AddPeer inserts a peer's endpoint names into the address vectors of the
 // backends they share with this manager, so that the peer can be the
 // initiator of transfers with this manager's buffers on every provider.
-// Names of providers this manager does not have are ignored. It returns
-// the providers it inserted into.
+// Names of providers this manager does not have are ignored, and so are
+// shm names: shm needs no initiator in the target's address vector, and
+// an shm name is a file in /dev/shm that libfabric maps as it is — taken
+// from a peer's word, a junk or foreign file would crash this process
+// (shm routes insert their owner's name, verified, themselves). It
+// returns the providers it inserted into.
 func (m *Manager) AddPeer(a Address) ([]string, error) {
 	if err := m.acquire(); err != nil {
 		return nil, err
@@ -46,7 +50,7 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 			return done, fmt.Errorf("%w: peer address for %s of %d bytes", ErrBadHandle, ep.Provider, len(ep.Name))
 		}
 		for _, b := range m.backends {
-			if b.provider != ep.Provider {
+			if b.provider != ep.Provider || b == m.sameNode {
 				continue
 			}
 			if _, err := b.peer(ep.Name); err != nil {

@@ -72,17 +72,16 @@ func cmaReaches(pid int, addr uint64) bool {
 	return err == nil && n == 1
 }
 
-// writeFlags is the completion flag for a write over b to the endpoint of
-// a handle, whose process is pid on shm: see the comment at the top of
-// this file.
-func (m *Manager) writeFlags(b *backend, ep *remoteEP, pid int) uint64 {
+// writeFlags is the completion flag for a write over b; peer is the
+// verified owner on shm: see the comment at the top of this file.
+func (m *Manager) writeFlags(b *backend, peer *sameNodePeer) uint64 {
 	switch {
 	case m.cfg.transmitComplete:
 		return uint64(ofi.OpTransmitComplete)
-	case b.provider != "shm" || ep.guard == nil || !shmSingleCopyAllowed():
+	case b.provider != "shm" || peer == nil || !shmSingleCopyAllowed():
 		return uint64(ofi.OpDeliveryComplete)
 	}
-	if pid > 0 && m.reach.reaches(pid, ep.guard.table) {
+	if m.reach.reaches(peer.pid, peer.cma.table) {
 		return uint64(ofi.OpTransmitComplete)
 	}
 	return uint64(ofi.OpDeliveryComplete)

@@ -60,7 +60,8 @@ type opSpec struct {
 	// set while executing
 	b         *backend // nil: memcpy
 	ep        *remoteEP
-	target    *bufState // memcpy: the other buffer
+	peer      *sameNodePeer // same-node routes: the owner the kernel verified
+	target    *bufState     // memcpy: the other buffer
 	x         *xfer
 	submitted bool
 }
@@ -203,17 +204,21 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			o.local.st = nil
 			return fmt.Errorf("%s: local %w", o.op, err)
 		}
-		b, ep, _, err := m.route(&o.remote)
+		rt, err := m.route(&o.remote)
+		if rt.gone != nil {
+			rt.gone.Op = o.op
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", o.op, err)
 		}
-		o.b, o.ep = b, ep
+		b, ep := rt.b, rt.ep
+		o.b, o.ep, o.peer = b, ep, rt.peer
 		if !o.remote.access.Allows(need(o.op)) {
 			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
 		}
 		if b != nil && b.cma && o.local.st.iface != mr.Host {
 			// process_vm_* cannot reach device memory: shm, if both have it.
-			if m.sameNode == nil || o.remote.endpoint(m.sameNode.provider) == nil {
+			if m.sameNode == nil || o.remote.endpoint(m.sameNode.provider) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
 			b, o.b, o.ep = m.sameNode, m.sameNode, o.remote.endpoint(m.sameNode.provider)
@@ -223,7 +228,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			if o.local.st.iface != mr.Host {
 				return fmt.Errorf("%s: %w: copies between buffers of one manager need host memory", o.op, ErrDeviceMemory)
 			}
-			if err := m.bindTarget(o); err != nil {
+			if err := rt.owner.bindTarget(o); err != nil {
 				return err
 			}
 		case b.cma:
@@ -254,8 +259,8 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 	return nil
 }
 
-// bindTarget resolves a same-manager handle to its buffer and checks it
-// as the owner would.
+// bindTarget resolves a handle of one of m's buffers to the buffer, and
+// checks it as m, its owner, would.
 func (m *Manager) bindTarget(o *opSpec) error {
 	r := &o.remote
 	m.bufsMu.Lock()
@@ -308,13 +313,13 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
 	switch b.provider {
 	case "shm":
-		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
+		x.pid, j.Check = o.peer.pid, peerAlive
 	case "tcp;ofi_rxm":
 		x.probe.reset(o.ep.name)
 		j.Check = tcpPeerAlive
 	}
 	if o.op == completion.Write {
-		j.Flags = m.writeFlags(b, o.ep, x.pid)
+		j.Flags = m.writeFlags(b, o.peer)
 	}
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()

@@ -222,7 +222,42 @@ func Start(t testing.TB, providers ...string) *Peer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
+	return start(t, exec.Command(exe, "-test.run=^$"), providers)
+}
+
+// StartAs starts a child owner running as user uid (and group uid): a
+// copy of the test binary that user may run, in a temporary directory.
+// Only root can.
+func StartAs(t testing.TB, uid int, providers ...string) *Peer {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "fitransfer-peer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	bin, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyExe := filepath.Join(dir, filepath.Base(exe))
+	if err := os.WriteFile(copyExe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(copyExe, "-test.run=^$")
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	return start(t, cmd, providers)
+}
+
+func start(t testing.TB, cmd *exec.Cmd, providers []string) *Peer {
+	t.Helper()
 	cmd.Env = append(os.Environ(), envRun+"=1", envProviders+"="+strings.Join(providers, ","))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

@@ -1,0 +1,308 @@
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// Same-node peer verification.
+//
+// The same-node routes (cma, shm) act on another process's memory, so the
+// process they act on must be proven by the OS, never named by a handle:
+// a handle is whatever its sender wrote, and a hostile one could name any
+// pid and any address — this process's own, say. Each manager that owns
+// buffers listens on an abstract Unix socket named after its manager ID.
+// An initiator that wants a same-node route to a handle's owner connects
+// to it and takes the owner's pid and uid from the kernel (SO_PEERCRED),
+// not from the owner's word. It uses a same-node route only toward a
+// process of its own uid that is not itself, and takes from that
+// connection — not from the handle — the owner's guard table location and
+// shm endpoint name. The connection stays open: when the owner closes its
+// manager or dies, it ends, and the peer is no longer verified.
+
+const (
+	proofMagic   = "FTV1"
+	proofHeader  = 4 + 4 + 4*8 + 2
+	proofMaxSize = proofHeader + maxEPNameLen
+	// verifyTimeout bounds the handshake with a peer's manager.
+	verifyTimeout = 2 * time.Second
+)
+
+// sameNodePeer is an owner process verified by the kernel: the socket's
+// peer credentials name pid and this process's uid.
+type sameNodePeer struct {
+	pid     int
+	cma     guardLoc // its guard table for process_vm_readv: address and table id
+	shm     guardLoc // the same table over shm: remote address and memory key
+	shmName []byte   // its shm endpoint name; nil without shm
+	conn    *net.UnixConn
+	gone    atomic.Bool // the connection ended: the owner closed or exited
+}
+
+// guardLoc is where a guard table is read, and its key.
+type guardLoc struct{ table, key uint64 }
+
+// guardFor is the owner's guard table as the route that reads it sees it.
+func (p *sameNodePeer) guardFor(provider string) guardLoc {
+	if provider == cmaProvider {
+		return p.cma
+	}
+	return p.shm
+}
+
+// verifySocket is the abstract socket name of a manager's verifier.
+func verifySocket(id ID) string { return "@fitransfer/" + id.String() }
+
+// proof is what a manager tells a verified peer about itself.
+func (m *Manager) proof() []byte {
+	b := make([]byte, 0, 64)
+	b = append(b, proofMagic...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(os.Getpid()))
+	b = binary.LittleEndian.AppendUint64(b, m.guard.base)
+	b = binary.LittleEndian.AppendUint64(b, m.guard.id)
+	var shm guardLoc
+	var name []byte
+	if sn := m.sameNode; sn != nil && sn.scratch != nil {
+		shm = guardLoc{table: mr.RemoteAddr(sn.virtAddr, uintptr(m.guard.base), 0), key: m.guard.mr.Key()}
+		name = sn.name
+	}
+	b = binary.LittleEndian.AppendUint64(b, shm.table)
+	b = binary.LittleEndian.AppendUint64(b, shm.key)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(name)))
+	return append(b, name...)
+}
+
+// parseProof decodes a verifier's answer into p (all but what the kernel
+// tells) and returns the pid the answer claims.
+func parseProof(b []byte, p *sameNodePeer) (pid int, err error) {
+	if len(b) < proofHeader || string(b[:4]) != proofMagic {
+		return 0, errors.New("not a fitransfer verifier answer")
+	}
+	u64 := func(off int) uint64 { return binary.LittleEndian.Uint64(b[off:]) }
+	pid = int(binary.LittleEndian.Uint32(b[4:]))
+	p.cma = guardLoc{table: u64(8), key: u64(16)}
+	p.shm = guardLoc{table: u64(24), key: u64(32)}
+	n := int(binary.LittleEndian.Uint16(b[40:]))
+	if n > maxEPNameLen || len(b) != proofHeader+n {
+		return 0, errors.New("malformed verifier answer")
+	}
+	if n > 0 {
+		p.shmName = append([]byte(nil), b[proofHeader:]...)
+	}
+	return pid, nil
+}
+
+// verifier is a manager's listening side.
+type verifier struct {
+	ln    *net.UnixListener
+	mu    sync.Mutex
+	conns map[*net.UnixConn]struct{}
+	wg    sync.WaitGroup
+}
+
+// startVerifier listens for peers that want to verify this manager.
+func (m *Manager) startVerifier() error {
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: verifySocket(m.id), Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("same-node verifier socket: %w", err)
+	}
+	v := &verifier{ln: ln, conns: map[*net.UnixConn]struct{}{}}
+	m.verifier = v
+	proof := m.proof()
+	uid := uint32(os.Geteuid())
+	v.wg.Add(1)
+	go func() {
+		defer v.wg.Done()
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond) // EMFILE and the like: try again
+				continue
+			}
+			cred, err := peerCred(c)
+			if err != nil || cred.Uid != uid {
+				_ = c.Close() // another user's process learns nothing
+				continue
+			}
+			if !v.track(c) {
+				_ = c.Close()
+				return
+			}
+			v.wg.Add(1)
+			go func() {
+				defer v.wg.Done()
+				defer v.untrack(c)
+				if _, err := c.Write(proof); err != nil {
+					return
+				}
+				var b [1]byte
+				_, _ = c.Read(b[:]) // held open until the peer or Close ends it
+			}()
+		}
+	}()
+	return nil
+}
+
+func (v *verifier) track(c *net.UnixConn) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.conns == nil {
+		return false
+	}
+	v.conns[c] = struct{}{}
+	return true
+}
+
+func (v *verifier) untrack(c *net.UnixConn) {
+	v.mu.Lock()
+	delete(v.conns, c)
+	v.mu.Unlock()
+	_ = c.Close()
+}
+
+// close stops listening and ends every verified peer's connection.
+func (v *verifier) close() {
+	_ = v.ln.Close()
+	v.mu.Lock()
+	for c := range v.conns {
+		_ = c.Close()
+	}
+	v.conns = nil
+	v.mu.Unlock()
+	v.wg.Wait()
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// peers caches the verification of owners, by manager ID: a failure is
+// kept too (the owner's manager, its uid and its namespaces do not change).
+type peers struct {
+	mu   sync.Mutex
+	byID map[ID]*verification
+}
+
+type verification struct {
+	once sync.Once
+	peer *sameNodePeer
+	err  error
+}
+
+// sameNodePeer verifies the owner of r's buffer (once per owner manager)
+// and returns it, or why no same-node route may be used toward it.
+func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
+	m.verified.mu.Lock()
+	if m.verified.byID == nil {
+		m.verified.byID = map[ID]*verification{}
+	}
+	v := m.verified.byID[owner]
+	if v == nil {
+		v = &verification{}
+		m.verified.byID[owner] = v
+	}
+	m.verified.mu.Unlock()
+	v.once.Do(func() { v.peer, v.err = verifyOwner(owner) })
+	if v.err != nil {
+		return nil, v.err
+	}
+	if v.peer.gone.Load() {
+		return nil, &completion.PeerGoneError{Peer: cmaPeer(v.peer.pid),
+			Cause: "its manager's verified connection ended: the process exited or closed its manager"}
+	}
+	return v.peer, nil
+}
+
+// verifyOwner connects to the verifier of manager owner and checks what
+// the kernel says about the process at the other end.
+func verifyOwner(owner ID) (*sameNodePeer, error) {
+	d := net.Dialer{Timeout: verifyTimeout}
+	nc, err := d.Dial("unixpacket", verifySocket(owner))
+	if err != nil {
+		return nil, fmt.Errorf("no verified same-node owner: its manager does not answer on this node (%v)", errors.Unwrap(err))
+	}
+	c := nc.(*net.UnixConn)
+	fail := func(format string, a ...any) (*sameNodePeer, error) {
+		_ = c.Close()
+		return nil, fmt.Errorf("no verified same-node owner: "+format, a...)
+	}
+	cred, err := peerCred(c)
+	if err != nil {
+		return fail("reading the socket's peer credentials: %v", err)
+	}
+	switch {
+	case int(cred.Pid) == os.Getpid():
+		return fail("the handle names a manager of this very process that is not open here; a handle never makes a process act on itself")
+	case cred.Uid != uint32(os.Geteuid()):
+		return fail("its process %d runs as uid %d, this one as %d: only processes of one user act on each other's memory", cred.Pid, cred.Uid, os.Geteuid())
+	}
+	_ = c.SetReadDeadline(time.Now().Add(verifyTimeout))
+	b := make([]byte, proofMaxSize+1)
+	n, err := c.Read(b)
+	if err != nil {
+		return fail("process %d did not answer: %v", cred.Pid, err)
+	}
+	p := &sameNodePeer{conn: c}
+	pid, err := parseProof(b[:n], p)
+	if err != nil {
+		return fail("process %d: %v", cred.Pid, err)
+	}
+	if pid != int(cred.Pid) {
+		return fail("process %d claims to be process %d", cred.Pid, pid)
+	}
+	if p.shmName != nil && shmPeerPID(p.shmName) != pid {
+		return fail("process %d names an shm endpoint of process %d", pid, shmPeerPID(p.shmName))
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	p.pid = pid
+	go func() {
+		var b [1]byte
+		_, _ = c.Read(b[:]) // returns when the owner's side ends
+		p.gone.Store(true)
+	}()
+	return p, nil
+}
+
+// close ends the connections to verified owners.
+func (p *peers) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, v := range p.byID {
+		v.once.Do(func() {}) // a verification under way finishes first
+		if v.peer != nil {
+			_ = v.peer.conn.Close()
+		}
+	}
+}
+
+// sameNodeRefusal explains why a same-node handle did not get a
+// same-node route.
+func sameNodeRefusal(err error) string {
+	return strings.TrimPrefix(err.Error(), "no verified same-node owner: ")
+}
