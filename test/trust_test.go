@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -25,34 +24,6 @@ import (
 // registered for it — in this process (a confused deputy: the process acts
 // on itself) or in the owner's. Each must fail, and the target memory
 // must keep its bytes.
-
-// guardEntry is a guard table entry (transport/guard.go's layout) that
-// lets whoever checks it reach size bytes at base.
-func guardEntry(gen, shmKey, base, size uint64, access mr.Access, id, cmaKey, table uint64) []byte {
-	b := make([]byte, 64)
-	for i, w := range []uint64{gen, shmKey, base, size, uint64(access), id, cmaKey, table} {
-		binary.LittleEndian.PutUint64(b[8*i:], w)
-	}
-	return b
-}
-
-// endpointOf returns the JSON endpoint of provider in a handle's JSON form.
-func endpointOf(eps []map[string]any, provider string) map[string]any {
-	for _, e := range eps {
-		if e["provider"] == provider {
-			return e
-		}
-	}
-	return nil
-}
-
-func handleJSON(t *testing.T, h transport.RemoteBuffer) (map[string]any, []map[string]any) {
-	t.Helper()
-	var top map[string]any
-	var eps []map[string]any
-	_, _ = alter(t, h, func(tp map[string]any, e []map[string]any) { top, eps = tp, e })
-	return top, eps
-}
 
 // TestNoConfusedDeputy: a handle whose guard table is a fake entry in a
 // buffer of this process, and whose address is another buffer of this

@@ -1,0 +1,145 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/perftest"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// startLocalServer runs `fitransfer serve` on a free loopback port and
+// returns its address.
+func startLocalServer(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(fitransferBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	})
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "listening on ") {
+				ready <- strings.Fields(sc.Text())[2]
+			}
+		}
+	}()
+	select {
+	case addr := <-ready:
+		return addr
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not start")
+		return ""
+	}
+}
+
+// hello opens a session: the server's session buffer handle.
+func hello(t *testing.T, addr string, m *transport.Manager, mode string, handle []byte) (*bootstrap.Conn, transport.RemoteBuffer) {
+	t.Helper()
+	c, err := bootstrap.Dial(addr, 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	a := m.Address()
+	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypeHello, Mode: mode, Address: &a, Handle: handle}))
+	w, err := c.Expect(bootstrap.TypeWelcome, 5*time.Second)
+	require.NoError(t, err)
+	var h transport.RemoteBuffer
+	require.NoError(t, h.UnmarshalBinary(w.Handle))
+	if _, err := m.AddPeer(*w.Address); err != nil {
+		t.Fatal(err)
+	}
+	return c, h
+}
+
+// TestServeIsNoConfusedDeputy is the attack on `fitransfer serve` by an
+// unauthenticated client over tcp: it plants a fake guard entry in its
+// own session buffer, then opens a pingpong whose "client buffer" handle
+// names serve's own process on the cma route, with that entry as its
+// guard and another part of serve's memory as its address. serve must
+// refuse to write, say why, leave the memory alone and keep serving.
+func TestServeIsNoConfusedDeputy(t *testing.T) {
+	const size, target = 1 << 20, 4096
+	addr := startLocalServer(t, "--size", "1m")
+	attacker := newManager(t, transport.WithProviders("tcp;ofi_rxm"), transport.WithTimeout(5*time.Second))
+
+	c1, h1 := hello(t, addr, attacker, bootstrap.ModeWrite, nil)
+	const seed = 77
+	require.NoError(t, c1.Send(bootstrap.Message{Type: bootstrap.TypeFill, Seed: seed}))
+	_, err := c1.Expect(bootstrap.TypeFilled, 5*time.Second)
+	require.NoError(t, err)
+
+	_, eps := handleJSON(t, h1)
+	cma := endpointOf(eps, "cma")
+	require.NotNil(t, cma, "serve offers cma (the route the attack needs): %v", h1.Providers())
+	g := cma["guard"].(map[string]any)
+	base := num(cma["addr"])
+	const fakeID, fakeKey, fakeGen = 99, 0x5eed, 1
+	entry := guardEntry(fakeGen, fakeKey, base, target, mr.ReadWrite, fakeID, fakeKey, num(g["key"]))
+	plant, plantMem := register(t, attacker, 64, 0)
+	copy(plantMem, entry)
+	tail, _ := h1.Slice(size-64, 64)
+	require.NoError(t, attacker.WriteFrom(context.Background(), tail, plant), "a legitimate write into the attacker's session buffer")
+
+	for name, owner := range map[string]string{
+		"owner serve's manager": "",
+		"owner unknown":         hex.EncodeToString([]byte("0123456789abcdef")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			forged, err := alter(t, h1, func(top map[string]any, eps []map[string]any) {
+				if owner != "" {
+					top["owner"] = owner
+				}
+				set(top, "id", fakeID)
+				set(top, "size", target)
+				set(top, "length", target)
+				set(top, "offset", 0)
+				e := endpointOf(eps, "cma")
+				set(e, "key", fakeKey)
+				fg := e["guard"].(map[string]any)
+				set(fg, "table", base+size-64)
+				set(fg, "slot", 0)
+				set(fg, "gen", fakeGen)
+				top["endpoints"] = []any{e} // cma only: the route the attack wants
+			})
+			require.NoError(t, err)
+			fh, err := forged.MarshalBinary()
+			require.NoError(t, err)
+
+			c2, h2 := hello(t, addr, attacker, bootstrap.ModePingPong, fh)
+			require.NoError(t, c2.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: 8, Iters: 1}))
+			ping, pingMem := register(t, attacker, 8, 0)
+			pingMem[7] = perftest.Marker(1)
+			h2head, _ := h2.Slice(0, 8)
+			require.NoError(t, attacker.WriteFrom(context.Background(), h2head, ping))
+			_, err = c2.Expect(bootstrap.TypeDone, 15*time.Second)
+			require.Error(t, err, "serve answered a pingpong into a forged handle")
+			t.Logf("serve: %v", err)
+			assert.True(t, strings.Contains(err.Error(), "stale or altered handle") || strings.Contains(err.Error(), "access denied"), err.Error())
+
+			require.NoError(t, c1.Send(bootstrap.Message{Type: bootstrap.TypeVerify, Size: target, Seed: seed}))
+			v, err := c1.Expect(bootstrap.TypeVerified, 5*time.Second)
+			require.NoError(t, err)
+			assert.True(t, v.OK, "serve wrote its own memory on the forged handle's word (first change at %d)", v.Mismatch)
+		})
+	}
+	// serve keeps serving.
+	out, err := exec.Command(fitransferBin, "read", addr, "-S", "4k", "-I", "10", "-v").CombinedOutput()
+	require.NoError(t, err, string(out))
+}
