@@ -104,6 +104,32 @@ func TestSameManagerIsMemcpy(t *testing.T) {
 	assert.Equal(t, b[100:4100], a[10:4010])
 }
 
+// TestTwoManagersOfOneProcess: a handle of another manager of this
+// process is a copy checked against that manager's record — never a
+// same-node route toward this very process.
+func TestTwoManagersOfOneProcess(t *testing.T) {
+	owner, user := newManager(t), newManager(t)
+	src, ro := alloc(t, 4096), alloc(t, 4096)
+	testpeer.Fill(src, 3)
+	testpeer.Fill(ro, 4)
+	bsrc := register(t, owner, src, mr.ReadWrite)
+	bro := register(t, owner, ro, mr.RemoteRead)
+	dst := register(t, user, alloc(t, 4096), mr.ReadWrite)
+	r, err := user.Route(bsrc.Remote())
+	require.NoError(t, err)
+	assert.Equal(t, "memcpy", r.Backend)
+	assert.Equal(t, "the buffer belongs to another manager of this process", r.Reason)
+
+	ctx := ctxTimeout(t, 10*time.Second)
+	require.NoError(t, user.ReadInto(ctx, dst, bsrc.Remote()))
+	assert.Equal(t, src, dst.Bytes())
+	assert.ErrorIs(t, user.WriteFrom(ctx, bro.Remote(), dst), transport.ErrAccessDenied)
+	assert.Equal(t, testpeer.Pattern(4096, 4), ro, "a read-only buffer of the other manager was written")
+	h := bsrc.Remote()
+	require.NoError(t, bsrc.Close())
+	assert.ErrorIs(t, user.ReadInto(ctx, dst, h), transport.ErrStaleHandle)
+}
+
 func TestRouting(t *testing.T) {
 	m := newManager(t)
 	bs := m.Backends()
