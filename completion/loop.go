@@ -372,6 +372,9 @@ func (l *Loop) Wedged() error {
 	return nil
 }
 
+// InFlight is how many ops are posted and not completed; only inside Do.
+func (l *Loop) InFlight() int { return l.inflight }
+
 // Poll progresses the endpoint once, unless another goroutine is doing so
 // right now, and reports whether anything happened. For callers that spin
 // on memory themselves (a pingpong watching for a peer's write) and so

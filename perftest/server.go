@@ -173,7 +173,9 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	}
 	var over []string
 	if hello.Address != nil {
-		if over, err = s.m.AddPeer(*hello.Address); err != nil {
+		over, err = s.m.AddPeer(*hello.Address)
+		defer s.m.RemovePeer(*hello.Address) // the client's connection goes with its session
+		if err != nil {
 			return fail(err)
 		}
 	}

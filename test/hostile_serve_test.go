@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,13 @@ import (
 // startLocalServer runs `fitransfer serve` on a free loopback port and
 // returns its address.
 func startLocalServer(t *testing.T, args ...string) string {
+	t.Helper()
+	addr, _ := startLocalServerCmd(t, args...)
+	return addr
+}
+
+// startLocalServerCmd is startLocalServer that also returns the process.
+func startLocalServerCmd(t *testing.T, args ...string) (string, *exec.Cmd) {
 	t.Helper()
 	cmd := exec.Command(fitransferBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
@@ -43,11 +51,41 @@ func startLocalServer(t *testing.T, args ...string) string {
 	}()
 	select {
 	case addr := <-ready:
-		return addr
+		return addr, cmd
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not start")
-		return ""
+		return "", nil
 	}
+}
+
+// shmMappings counts the shm regions of other processes that pid maps.
+func shmMappings(t *testing.T, pid int) int {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	require.NoError(t, err)
+	own := "/dev/shm/" + strconv.Itoa(pid) + ":"
+	n := 0
+	for _, l := range strings.Split(string(maps), "\n") {
+		if strings.Contains(l, "/dev/shm/") && !strings.Contains(l, own) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestServeReleasesClientRegions: serve maps the shm region of each client
+// it writes to over shm (the pingpong's answers); once the client is gone
+// the mapping goes too — it once kept every past client's 16 MiB.
+func TestServeReleasesClientRegions(t *testing.T) {
+	addr, srv := startLocalServerCmd(t, "--size", "64k")
+	const clients = 6
+	for i := 0; i < clients; i++ {
+		out, err := exec.Command(fitransferBin, "pingpong", addr, "-p", "shm", "-S", "8", "-I", "20").CombinedOutput()
+		require.NoError(t, err, string(out))
+		require.Contains(t, string(out), "over shm")
+	}
+	require.Eventually(t, func() bool { return shmMappings(t, srv.Process.Pid) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"serve still maps %d regions of its past clients", shmMappings(t, srv.Process.Pid))
 }
 
 // hello opens a session: the server's session buffer handle.

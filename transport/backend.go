@@ -28,6 +28,7 @@ type backend struct {
 
 	mu    sync.RWMutex
 	peers map[string]peer // endpoint name → address
+	added map[string]int  // AddPeer calls not yet undone by RemovePeer, per name
 
 	// shm: ops still in flight to peers that died (see blocked).
 	deadOps   atomic.Int32
@@ -70,6 +71,27 @@ func (b *backend) blocked() error {
 		"and shm completes an endpoint's ops in order, so later ops would wait forever; "+
 		"close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
 		ErrEndpointBlocked, b.provider, peer, since.Round(time.Millisecond))
+}
+
+// forget removes a peer from the address vector (which releases what the
+// provider holds for it: shm's mapping of its region, rxm's connection),
+// unless ops are in flight on the endpoint: those may be the peer's.
+func (b *backend) forget(name []byte) {
+	b.mu.Lock()
+	_, known := b.peers[string(name)]
+	b.mu.Unlock()
+	if !known {
+		return
+	}
+	_ = b.loop.Do(func() {
+		if b.loop.InFlight() > 0 {
+			return
+		}
+		b.loop.Endpoint().ForgetPeer(name)
+		b.mu.Lock()
+		delete(b.peers, string(name))
+		b.mu.Unlock()
+	})
 }
 
 type peer struct {

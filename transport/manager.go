@@ -100,6 +100,13 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		}
 	}
 	for _, p := range picks {
+		if p.info.Fabric.ProvName == string(fabric.BackendSHM) {
+			reclaimOnce.Do(func() {
+				if gone := reclaimShmRegions("/dev/shm"); len(gone) > 0 {
+					m.log.Info().Strs("regions", gone).Msg("removed the shm regions of dead processes")
+				}
+			})
+		}
 		b, err := m.open(len(m.backends), p.info, p.reason, p.role)
 		if err != nil {
 			m.Close()

@@ -56,8 +56,44 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 			if _, err := b.peer(ep.Name); err != nil {
 				return done, fmt.Errorf("add peer %s on %s: %w", ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.Name}, b.provider, err)
 			}
+			b.mu.Lock()
+			if b.added == nil {
+				b.added = map[string]int{}
+			}
+			b.added[string(ep.Name)]++
+			b.mu.Unlock()
 			done = append(done, b.provider)
 		}
 	}
 	return done, nil
+}
+
+// RemovePeer undoes an AddPeer of the same address: once every AddPeer of
+// a name is undone, the peer leaves the address vector (its connection
+// or mapping is released) — when no op is in flight on that endpoint;
+// otherwise it stays until the manager closes. A server calls it when a
+// client's session ends.
+func (m *Manager) RemovePeer(a Address) {
+	if err := m.acquire(); err != nil {
+		return
+	}
+	defer m.releaseManager()
+	for _, ep := range a.Endpoints {
+		for _, b := range m.backends {
+			if b.provider != ep.Provider || b == m.sameNode {
+				continue
+			}
+			b.mu.Lock()
+			n, ok := b.added[string(ep.Name)]
+			if ok && n > 1 {
+				b.added[string(ep.Name)] = n - 1
+			} else {
+				delete(b.added, string(ep.Name))
+			}
+			b.mu.Unlock()
+			if ok && n == 1 {
+				b.forget(ep.Name)
+			}
+		}
+	}
 }

@@ -228,7 +228,7 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 		m.verified.byID[owner] = v
 	}
 	m.verified.mu.Unlock()
-	v.once.Do(func() { v.peer, v.err = verifyOwner(owner) })
+	v.once.Do(func() { v.peer, v.err = verifyOwner(owner, m.forgetSameNode) })
 	if v.err != nil {
 		return nil, v.err
 	}
@@ -241,7 +241,7 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 
 // verifyOwner connects to the verifier of manager owner and checks what
 // the kernel says about the process at the other end.
-func verifyOwner(owner ID) (*sameNodePeer, error) {
+func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
 	nc, err := d.Dial("unixpacket", verifySocket(owner))
 	if err != nil {
@@ -285,8 +285,17 @@ func verifyOwner(owner ID) (*sameNodePeer, error) {
 		var b [1]byte
 		_, _ = c.Read(b[:]) // returns when the owner's side ends
 		p.gone.Store(true)
+		onGone(p)
 	}()
 	return p, nil
+}
+
+// forgetSameNode releases what shm holds for an owner that is gone: the
+// mapping of its region.
+func (m *Manager) forgetSameNode(p *sameNodePeer) {
+	if m.sameNode != nil && p.shmName != nil {
+		m.sameNode.forget(p.shmName)
+	}
 }
 
 // close ends the connections to verified owners.
