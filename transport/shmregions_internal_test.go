@@ -21,8 +21,8 @@ func TestReclaimShmRegions(t *testing.T) {
 		strconv.Itoa(dead.Process.Pid) + ":" + uid + ":1": true,
 		strconv.Itoa(os.Getpid()) + ":" + uid + ":0":      false, // alive
 		strconv.Itoa(dead.Process.Pid) + ":99999:0":       false, // another user's name
-		"fi_shm_other":                                    false,
-		strconv.Itoa(dead.Process.Pid) + ":" + uid:        false, // not a region name
+		"fi_shm_other": false,
+		strconv.Itoa(dead.Process.Pid) + ":" + uid: false, // not a region name
 	}
 	for name := range files {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
