@@ -56,6 +56,7 @@ build: deps
 
 vet: deps
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
 
 # Everything under the race detector; then the soak and churn again
 # without it, where their resident-memory bound holds (the race
