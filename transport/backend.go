@@ -25,6 +25,9 @@ type backend struct {
 	chunk    uint64       // largest op
 	scratch  *scratchPool // shm: where handle checks land
 	cma      bool         // the cma path (cma.go): no endpoint, no loop
+	// retired: its endpoint is stuck inside libfabric and another took
+	// its place (Manager.replaceSameNode); nothing uses it any more.
+	retired atomic.Bool
 
 	mu    sync.RWMutex
 	peers map[string]peer // endpoint name → address

@@ -75,13 +75,28 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 	if access&^mr.ReadWrite != 0 {
 		return nil, fmt.Errorf("register: unknown access bits %#x", uint8(access))
 	}
+	b, stuck, err := m.registerOnce(st, access)
+	if stuck != nil && m.replaceIfStuck(stuck, err) {
+		*st = bufState{mem: st.mem, base: st.base, size: st.size, iface: st.iface, device: st.device}
+		b, _, err = m.registerOnce(st, access) // on the shm endpoint that took the stuck one's place
+	}
+	return b, err
+}
+
+// registerOnce registers st on every backend; when one fails, it also
+// returns that backend.
+func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backend, error) {
 	if err := m.acquire(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer m.releaseManager()
-	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*ofi.MR, len(m.backends))
+	bs := m.backends()
+	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*ofi.MR, len(bs.all))
 	base := st.base
-	for _, b := range m.backends {
+	for _, b := range bs.all {
+		if b.retired.Load() {
+			continue
+		}
 		var err error
 		if derr := b.loop.Do(func() {
 			st.mrs[b.index], err = b.loop.Endpoint().Register(st.base, st.size, access, st.iface, st.device)
@@ -90,26 +105,26 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 		}
 		if err != nil {
 			st.deregister()
-			return nil, err
+			return nil, b, err
 		}
 		st.eps = append(st.eps, remoteEP{provider: b.provider, name: b.name, key: st.mrs[b.index].Key(),
 			base: mr.RemoteAddr(b.virtAddr, base, 0)})
 	}
 	if g := m.guard; g != nil {
 		var shmKey uint64
-		if s := m.sameNode; s != nil {
+		if s := bs.sameNode; s != nil {
 			shmKey = st.mrs[s.index].Key()
 		}
 		cmaKey := mr.RandomKey(8)
 		slot, gen, err := g.publish(st.id, uint64(base), st.size, shmKey, cmaKey, access)
 		if err != nil {
 			st.deregister()
-			return nil, err
+			return nil, nil, err
 		}
 		st.guard, st.hasGrd = slot, true
-		for i, b := range m.backends {
-			if b.scratch != nil {
-				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(b.virtAddr, uintptr(g.base), 0), key: g.mr.Key(), slot: slot, gen: gen}
+		for i := range st.eps {
+			if s := bs.sameNode; s != nil && st.eps[i].provider == s.provider {
+				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(s.virtAddr, uintptr(g.base), 0), key: s.scratch.table.Key(), slot: slot, gen: gen}
 			}
 		}
 		if m.cmaB != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory
@@ -120,7 +135,7 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 	m.bufsMu.Lock()
 	m.bufs[st.id] = st
 	m.bufsMu.Unlock()
-	return &Buffer{st: st, n: st.size}, nil
+	return &Buffer{st: st, n: st.size}, nil, nil
 }
 
 // Bytes is the buffer's memory; nil for device memory.
@@ -273,9 +288,9 @@ func (st *bufState) deregister() {
 	}
 	st.deregistered = true
 	st.mu.Unlock()
-	for _, b := range st.m.backends {
-		if st.mrs[b.index] == nil {
-			continue
+	for _, b := range st.m.backends().all {
+		if b.index >= len(st.mrs) || st.mrs[b.index] == nil || b.retired.Load() {
+			continue // a retired backend's loop is stuck: its MRs stay
 		}
 		if err := b.loop.Do(func() { st.closeMR(b.index) }); err != nil {
 			// The loop is closing: Manager.Close closes the MR.

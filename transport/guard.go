@@ -50,9 +50,8 @@ const (
 // guardTable is a manager's table of its buffers' state.
 type guardTable struct {
 	mem  []byte
-	id   uint64  // random; in every entry
-	mr   *ofi.MR // registration on the shm backend, when there is one
-	base uint64  // the table's virtual address
+	id   uint64 // random; in every entry
+	base uint64 // the table's virtual address
 	mu   sync.Mutex
 	free []uint32
 	next uint32
@@ -111,8 +110,11 @@ func (g *guardTable) revoke(slot uint32) {
 	g.mu.Unlock()
 }
 
-// scratchPool is registered memory where guard entries are read to.
+// scratchPool is an shm backend's registrations for handle checks: the
+// guard table, for peers to read, and the memory where this manager reads
+// its peers' entries to.
 type scratchPool struct {
+	table *ofi.MR // the guard table's registration on the backend
 	mem   []byte
 	mr    *ofi.MR
 	slots chan uint32
@@ -156,14 +158,13 @@ func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
 	var gerr, serr error
 	if err := b.loop.Do(func() {
 		ep := b.loop.Endpoint()
-		g.mr, gerr = ep.RegisterHost(g.mem, mr.RemoteRead)
+		s.table, gerr = ep.RegisterHost(g.mem, mr.RemoteRead)
 		s.mr, serr = ep.RegisterHost(smem, 0)
 	}); err != nil {
 		gerr = err
 	}
 	if gerr != nil || serr != nil {
-		_ = b.loop.Do(func() { _ = g.mr.Close(); _ = s.mr.Close() })
-		g.mr = nil
+		_ = b.loop.Do(func() { _ = s.table.Close(); _ = s.mr.Close() })
 		_ = mr.Free(smem)
 		if gerr == nil {
 			gerr = serr
@@ -175,8 +176,8 @@ func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
 
 // closeGuardMRs deregisters the table and the scratch space (on the shm
 // loop, before its endpoint closes).
-func closeGuardMRs(g *guardTable, s *scratchPool) {
-	_ = g.mr.Close()
+func closeGuardMRs(s *scratchPool) {
+	_ = s.table.Close()
 	_ = s.mr.Close()
 }
 

@@ -25,21 +25,32 @@ type Manager struct {
 	id       ID
 	node     ID
 	log      zerolog.Logger
-	backends []*backend // the libfabric endpoints
-	sameNode *backend   // shm; nil when none
-	remote   *backend   // nil when none
-	cmaB     *backend   // the cma path; nil when not used
+	set      atomic.Pointer[backendSet] // the libfabric endpoints
+	cmaB     *backend                   // the cma path; nil when not used
 	guard    *guardTable
 	reach    cmaReach
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 
-	mu     sync.RWMutex // read-held while a transfer or registration is set up
+	mu     sync.RWMutex // read-held while a transfer or registration is set up; held to replace a backend
 	closed bool
 	bufsMu sync.Mutex
 	bufs   map[uint64]*bufState
 	nextID atomic.Uint64
 }
+
+// backendSet is the manager's libfabric backends. It is replaced whole,
+// never changed in place, so that a reader holds one consistent view:
+// when a wedged shm endpoint is swapped for a new one, the wedged backend
+// stays in all (retired), so that every backend keeps its index.
+type backendSet struct {
+	all      []*backend // by index
+	sameNode *backend   // shm; nil when none
+	remote   *backend   // nil when none
+}
+
+// backends is the current set.
+func (m *Manager) backends() *backendSet { return m.set.Load() }
 
 // New opens the backends this machine offers — see fabric.Select, or
 // WithProviders — and starts their progress loops.
@@ -99,6 +110,8 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			}
 		}
 	}
+	bs := &backendSet{}
+	m.set.Store(bs)
 	for _, p := range picks {
 		if p.info.Fabric.ProvName == string(fabric.BackendSHM) {
 			reclaimOnce.Do(func() {
@@ -107,21 +120,21 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 				}
 			})
 		}
-		b, err := m.open(len(m.backends), p.info, p.reason, p.role)
+		b, err := m.open(len(bs.all), p.info, p.reason, p.role)
 		if err != nil {
 			m.Close()
 			return nil, err
 		}
-		m.backends = append(m.backends, b)
+		bs.all = append(bs.all, b)
 		m.log.Info().Str("provider", b.provider).Str("domain", b.info.Domain.Name).Str("role", p.role).
 			Str("reason", p.reason).Msg("backend open")
 	}
-	for _, b := range m.backends {
+	for _, b := range bs.all {
 		switch {
-		case b.provider == "shm" && m.sameNode == nil:
-			m.sameNode = b
-		case b.provider != "shm" && m.remote == nil:
-			m.remote = b
+		case b.provider == "shm" && bs.sameNode == nil:
+			bs.sameNode = b
+		case b.provider != "shm" && bs.remote == nil:
+			bs.remote = b
 		}
 	}
 	if useCMA {
@@ -133,13 +146,13 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
 	}
-	if m.cmaB != nil || m.sameNode != nil {
+	if m.cmaB != nil || bs.sameNode != nil {
 		if m.guard, err = newGuardTable(); err != nil {
 			m.Close()
 			return nil, err
 		}
-		if m.sameNode != nil {
-			if m.sameNode.scratch, err = registerGuard(m.guard, m.sameNode); err != nil {
+		if bs.sameNode != nil {
+			if bs.sameNode.scratch, err = registerGuard(m.guard, bs.sameNode); err != nil {
 				m.Close()
 				return nil, err
 			}
@@ -298,9 +311,13 @@ func (m *Manager) Backends() []Backend {
 	if b := m.cmaB; b != nil {
 		out = append(out, Backend{Provider: b.provider, Role: b.role, Reason: b.reason, Address: cmaPeer(os.Getpid())})
 	}
-	for _, b := range m.backends {
+	for _, b := range m.backends().all {
+		role := b.role
+		if b.retired.Load() {
+			role = "retired"
+		}
 		out = append(out, Backend{Provider: b.provider, Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
-			Role: b.role, Reason: b.reason,
+			Role: role, Reason: b.reason,
 			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()})
 	}
 	return out
@@ -393,17 +410,23 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 	if r.node == m.node {
 		rt.loc = fabric.SameNode
 	}
+	bs := m.backends()
 	cmaEP, shmEP := r.endpoint(cmaProvider), (*remoteEP)(nil)
-	if m.sameNode != nil {
-		shmEP = r.endpoint(m.sameNode.provider)
+	if bs.sameNode != nil {
+		shmEP = r.endpoint(bs.sameNode.provider)
 	}
 	if rt.loc == fabric.SameNode && (m.cmaB != nil && cmaEP != nil || shmEP != nil) {
 		peer, err := m.sameNodePeer(r.owner)
+		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
+			// A handle newer than what the owner told: it may have
+			// replaced its shm endpoint since. Ask it again.
+			peer, err = m.reverify(r.owner, peer)
+		}
 		switch {
 		case errors.As(err, &rt.gone):
 			rt.gone.Provider = cmaProvider
 			if m.cmaB == nil || cmaEP == nil {
-				rt.gone.Provider = m.sameNode.provider
+				rt.gone.Provider = bs.sameNode.provider
 			}
 			rt.refused = err.Error()
 		case err != nil:
@@ -412,18 +435,18 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			rt.b, rt.ep, rt.peer = m.cmaB, cmaEP, peer
 			return rt, matchesPeer(r, cmaEP, peer)
 		case shmEP != nil && peer.shmName != nil:
-			rt.b, rt.ep, rt.peer = m.sameNode, shmEP, peer
+			rt.b, rt.ep, rt.peer = bs.sameNode, shmEP, peer
 			return rt, matchesPeer(r, shmEP, peer)
 		}
 	}
-	if m.remote != nil {
-		if ep := r.endpoint(m.remote.provider); ep != nil {
-			rt.b, rt.ep = m.remote, ep
+	if bs.remote != nil {
+		if ep := r.endpoint(bs.remote.provider); ep != nil {
+			rt.b, rt.ep = bs.remote, ep
 			return rt, nil
 		}
 	}
-	for _, b := range m.backends {
-		if b == m.sameNode {
+	for _, b := range bs.all {
+		if b.provider == string(fabric.BackendSHM) || b.retired.Load() {
 			continue // same-node routes only toward a verified owner, above
 		}
 		if ep := r.endpoint(b.provider); ep != nil {
@@ -432,8 +455,10 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		}
 	}
 	var local []string
-	for _, b := range m.backends {
-		local = append(local, b.provider)
+	for _, b := range bs.all {
+		if !b.retired.Load() {
+			local = append(local, b.provider)
+		}
 	}
 	if m.cmaB != nil {
 		local = append(local, cmaProvider)
@@ -453,8 +478,10 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 // for code that spins on its own memory waiting for a peer's write — a
 // pingpong, a flag — and wants that spinning to drive progress too.
 func (m *Manager) Poll() {
-	for _, b := range m.backends {
-		b.loop.Poll()
+	for _, b := range m.backends().all {
+		if !b.retired.Load() {
+			b.loop.Poll()
+		}
 	}
 }
 
@@ -478,15 +505,18 @@ func (m *Manager) Close() error {
 	bufs := m.bufs
 	m.bufs = map[uint64]*bufState{}
 	m.bufsMu.Unlock()
-	for _, b := range m.backends {
+	bs := m.backends()
+	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
 		b.loop.Close(func() {
 			for _, st := range bufs {
-				st.closeMR(b.index)
+				if b.index < len(st.mrs) {
+					st.closeMR(b.index)
+				}
 			}
 			if b.scratch != nil {
-				closeGuardMRs(m.guard, b.scratch)
+				closeGuardMRs(b.scratch)
 			}
 		})
 	}
@@ -494,7 +524,7 @@ func (m *Manager) Close() error {
 		st.markClosed()
 	}
 	wedged := false
-	for _, b := range m.backends {
+	for _, b := range bs.all {
 		if !b.loop.Stopped() {
 			wedged = true // its endpoint may still use the memory below
 			continue
@@ -520,3 +550,53 @@ func (m *Manager) acquire() error {
 }
 
 func (m *Manager) releaseManager() { m.mu.RUnlock() }
+
+// replaceSameNode retires the shm backend old, whose endpoint is stuck
+// inside libfabric (libfabric 1.x's shm spins forever on a region lock a
+// peer held when it died), and opens a new shm endpoint in its place, so
+// that one peer's death costs this manager its old shm endpoint and the
+// thread stuck in it — not its same-node service. Buffers registered
+// before keep their other routes; peers verified before re-verify and
+// learn the new shm address. It does nothing when old is no longer the
+// shm backend.
+func (m *Manager) replaceSameNode(old *backend) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur := m.backends()
+	if m.closed || cur.sameNode != old || old.retired.Load() {
+		return nil
+	}
+	old.retired.Store(true)
+	next := &backendSet{all: append([]*backend(nil), cur.all...), remote: cur.remote}
+	b, err := m.open(len(next.all), &old.info, old.reason, old.role)
+	if err == nil {
+		if b.scratch, err = registerGuard(m.guard, b); err != nil {
+			b.loop.Close(nil)
+		}
+	}
+	if err != nil {
+		m.set.Store(next) // no shm any more: same-node peers use cma or the remote backend
+		m.log.Error().Err(err).Msg("retired the stuck shm endpoint; a new one could not be opened")
+		return err
+	}
+	next.all = append(next.all, b)
+	next.sameNode = b
+	m.set.Store(next)
+	if m.verifier != nil {
+		m.verifier.dropPeers() // they hold the old shm address
+	}
+	m.log.Warn().Str("old", ofi.Addr{Format: old.info.AddrFormat, Bytes: old.name}.String()).
+		Str("new", ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()).
+		Msg("shm endpoint stuck inside libfabric: retired, and a new one opened")
+	return nil
+}
+
+// replaceIfStuck replaces the shm backend b when err, an operation's
+// failure, came with b stuck inside libfabric.
+func (m *Manager) replaceIfStuck(b *backend, err error) bool {
+	var we *completion.WedgedError
+	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.loop.Wedged() == nil {
+		return false
+	}
+	return m.replaceSameNode(b) == nil
+}

@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
@@ -24,7 +25,10 @@ type AddressEndpoint struct {
 // Address returns this manager's endpoint names.
 func (m *Manager) Address() Address {
 	var a Address
-	for _, b := range m.backends {
+	for _, b := range m.backends().all {
+		if b.retired.Load() {
+			continue
+		}
 		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: b.provider, Name: append([]byte(nil), b.name...)})
 	}
 	return a
@@ -49,8 +53,8 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 		if len(ep.Name) == 0 || len(ep.Name) > maxEPNameLen {
 			return done, fmt.Errorf("%w: peer address for %s of %d bytes", ErrBadHandle, ep.Provider, len(ep.Name))
 		}
-		for _, b := range m.backends {
-			if b.provider != ep.Provider || b == m.sameNode {
+		for _, b := range m.backends().all {
+			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
 				continue
 			}
 			if _, err := b.peer(ep.Name); err != nil {
@@ -79,8 +83,8 @@ func (m *Manager) RemovePeer(a Address) {
 	}
 	defer m.releaseManager()
 	for _, ep := range a.Endpoints {
-		for _, b := range m.backends {
-			if b.provider != ep.Provider || b == m.sameNode {
+		for _, b := range m.backends().all {
+			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
 				continue
 			}
 			b.mu.Lock()

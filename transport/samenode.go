@@ -74,8 +74,8 @@ func (m *Manager) proof() []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.guard.id)
 	var shm guardLoc
 	var name []byte
-	if sn := m.sameNode; sn != nil && sn.scratch != nil {
-		shm = guardLoc{table: mr.RemoteAddr(sn.virtAddr, uintptr(m.guard.base), 0), key: m.guard.mr.Key()}
+	if sn := m.backends().sameNode; sn != nil && sn.scratch != nil {
+		shm = guardLoc{table: mr.RemoteAddr(sn.virtAddr, uintptr(m.guard.base), 0), key: sn.scratch.table.Key()}
 		name = sn.name
 	}
 	b = binary.LittleEndian.AppendUint64(b, shm.table)
@@ -120,7 +120,6 @@ func (m *Manager) startVerifier() error {
 	}
 	v := &verifier{ln: ln, conns: map[*net.UnixConn]struct{}{}}
 	m.verifier = v
-	proof := m.proof()
 	uid := uint32(os.Geteuid())
 	v.wg.Add(1)
 	go func() {
@@ -147,7 +146,7 @@ func (m *Manager) startVerifier() error {
 			go func() {
 				defer v.wg.Done()
 				defer v.untrack(c)
-				if _, err := c.Write(proof); err != nil {
+				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
 				var b [1]byte
@@ -173,6 +172,16 @@ func (v *verifier) untrack(c *net.UnixConn) {
 	delete(v.conns, c)
 	v.mu.Unlock()
 	_ = c.Close()
+}
+
+// dropPeers ends the connections of the peers verified so far: they
+// verify again, and learn what changed.
+func (v *verifier) dropPeers() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for c := range v.conns {
+		_ = c.Close()
+	}
 }
 
 // close stops listening and ends every verified peer's connection.
@@ -232,11 +241,42 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	if v.err != nil {
 		return nil, v.err
 	}
-	if v.peer.gone.Load() {
+	if !v.peer.gone.Load() {
+		return v.peer, nil
+	}
+	// The owner's side ended: it exited, closed its manager, or replaced
+	// its shm endpoint and wants peers to verify again.
+	m.verified.mu.Lock()
+	again := m.verified.byID[owner]
+	if again == v {
+		again = &verification{}
+		m.verified.byID[owner] = again
+	}
+	m.verified.mu.Unlock()
+	again.once.Do(func() { again.peer, again.err = verifyOwner(owner, m.forgetSameNode) })
+	if again.err != nil || again.peer.gone.Load() {
 		return nil, &completion.PeerGoneError{Peer: cmaPeer(v.peer.pid),
 			Cause: "its manager's verified connection ended: the process exited or closed its manager"}
 	}
-	return v.peer, nil
+	return again.peer, nil
+}
+
+// reverify drops what the verification of owner, old, said, and verifies
+// it again.
+func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
+	m.verified.mu.Lock()
+	v := m.verified.byID[owner]
+	m.verified.mu.Unlock()
+	if v != nil {
+		v.once.Do(func() {}) // a verification under way finishes first
+		m.verified.mu.Lock()
+		if m.verified.byID[owner] == v && v.peer == old {
+			delete(m.verified.byID, owner)
+		}
+		m.verified.mu.Unlock()
+	}
+	_ = old.conn.Close()
+	return m.sameNodePeer(owner)
 }
 
 // verifyOwner connects to the verifier of manager owner and checks what
@@ -293,8 +333,8 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 // forgetSameNode releases what shm holds for an owner that is gone: the
 // mapping of its region.
 func (m *Manager) forgetSameNode(p *sameNodePeer) {
-	if m.sameNode != nil && p.shmName != nil {
-		m.sameNode.forget(p.shmName)
+	if sn := m.backends().sameNode; sn != nil && p.shmName != nil {
+		sn.forget(p.shmName)
 	}
 }
 

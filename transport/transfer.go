@@ -85,6 +85,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	if err := m.prepare(ctx, deadline, ops); err != nil {
 		m.releaseManager()
+		m.replaceIfStuck(m.backends().sameNode, err)
 		releaseOps(ops)
 		return err
 	}
@@ -177,6 +178,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if len(errs) == 0 {
 		return nil
 	}
+	for _, err := range errs {
+		if m.replaceIfStuck(m.backends().sameNode, err) {
+			break
+		}
+	}
 	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Chunks: chunks, Failed: failed,
 		NotAttempted: max(0, chunks-attempted), Errs: errs}
 }
@@ -218,10 +224,11 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 		}
 		if b != nil && b.cma && o.local.st.iface != mr.Host {
 			// process_vm_* cannot reach device memory: shm, if both have it.
-			if m.sameNode == nil || o.remote.endpoint(m.sameNode.provider) == nil || o.peer.shmName == nil {
+			sn := m.backends().sameNode
+			if sn == nil || o.remote.endpoint(sn.provider) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
-			b, o.b, o.ep = m.sameNode, m.sameNode, o.remote.endpoint(m.sameNode.provider)
+			b, o.b, o.ep = sn, sn, o.remote.endpoint(sn.provider)
 		}
 		switch {
 		case b == nil:

@@ -694,3 +694,33 @@ func TestCMABatches(t *testing.T) {
 	require.NoError(t, a.Submit(ctxTimeout(t, time.Minute)))
 	require.Equal(t, want, mem, "read back")
 }
+
+// TestStuckShmEndpointIsReplaced: when a manager's shm endpoint is stuck
+// inside libfabric (a peer died holding its region lock, on libfabric
+// 1.x), the manager retires it and opens another: new buffers are served
+// over shm, a peer that verified the owner before learns the new address,
+// and the handles of buffers registered before fail as stale instead of
+// waiting on the stuck endpoint.
+func TestStuckShmEndpointIsReplaced(t *testing.T) {
+	owner := newManager(t, transport.WithProviders("shm"))
+	old := register(t, owner, alloc(t, 4096), mr.ReadWrite)
+	testpeer.Fill(old.Bytes(), 1)
+	peer := testpeer.Start(t, "shm")
+	peer.Register(4096, mr.ReadWrite, 2)
+	require.NoError(t, peer.Transfer("read", 0, old.Remote()))
+
+	require.NoError(t, transport.ReplaceSameNode(owner))
+	var roles []string
+	for _, b := range owner.Backends() {
+		roles = append(roles, b.Provider+"/"+b.Role)
+	}
+	assert.Equal(t, []string{"shm/retired", "shm/forced"}, roles)
+
+	fresh := register(t, owner, alloc(t, 4096), mr.ReadWrite)
+	require.NoError(t, peer.Transfer("write", 0, fresh.Remote()), "a peer verified before reaches a new buffer")
+	assert.Equal(t, testpeer.Sum(old.Bytes()), testpeer.Sum(fresh.Bytes()), "what the peer read from the old buffer")
+	require.NoError(t, peer.Transfer("read", 0, fresh.Remote()))
+	err := peer.Transfer("read", 0, old.Remote())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "stale or altered handle")
+}

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -95,6 +96,7 @@ type reply struct {
 	Sum    string `json:"sum,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Pid    int    `json:"pid,omitempty"`
+	Count  int64  `json:"count,omitempty"`
 	Err    string `json:"err,omitempty"`
 }
 
@@ -122,6 +124,7 @@ func child(in io.Reader, out io.Writer) int {
 		return fail(err)
 	}
 	defer m.Close()
+	var looped atomic.Int64 // transfers the "loop" goroutines completed
 	var bufs []*transport.Buffer
 	var mems [][]byte
 	register := func(size int, access mr.Access, seed uint64) ([]byte, uint64, error) {
@@ -184,8 +187,11 @@ func child(in io.Reader, out io.Writer) int {
 			}
 			go func() {
 				for xfer() == nil {
+					looped.Add(1)
 				}
 			}()
+		case "looped":
+			rep.Count = looped.Load()
 		case "stats":
 			st := TakeStats()
 			rep.Stats = &st
@@ -394,6 +400,18 @@ func (p *Peer) Transfer(op string, buf int, h transport.RemoteBuffer) error {
 	}
 	_, err = p.read()
 	return err
+}
+
+// WaitTransfers waits until the child's Loop transfers completed n times.
+func (p *Peer) WaitTransfers(n int64) {
+	p.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for p.do(request{Cmd: "looped"}).Count < n {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("the test peer's loop did not complete %d transfers within 60s", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Loop makes the child transfer with h over and over, in the background,
