@@ -165,8 +165,8 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			}
 		}
 		if o.b.provider == "tcp;ofi_rxm" {
-			if gone := tcpPeerGoneAfter(j, o.ep.name); gone != nil {
-				errs = append(errs, gone) // not a chunk: the explanation, which leads the error
+			if why := tcpExplain(j, o.ep.name); why != nil {
+				errs = append(errs, why) // not a chunk: the explanation, which leads the error
 			}
 		}
 		o.x.release()
@@ -264,13 +264,20 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	if st == nil {
 		return fmt.Errorf("%s: %w: buffer %d is closed", o.op, ErrStaleHandle, r.id)
 	}
-	if len(st.eps) != len(r.eps) || st.size != r.size {
+	if len(st.eps) != len(r.eps) {
 		return fmt.Errorf("%s: %w: buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
 	}
 	for i := range st.eps {
 		if st.eps[i].key != r.eps[i].key || st.eps[i].base != r.eps[i].base {
 			return fmt.Errorf("%s: %w: key or address of buffer %d do not match", o.op, ErrStaleHandle, r.id)
 		}
+	}
+	if st.size != r.size && r.off+r.n > st.size {
+		return fmt.Errorf("%s: %w: the handle's range [%d, %d) lies outside buffer %d's %d bytes (the handle was altered)",
+			o.op, ErrOutOfRange, r.off, r.off+r.n, r.id, st.size)
+	}
+	if st.size != r.size {
+		return fmt.Errorf("%s: %w: size of buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
 	}
 	if !st.access.Allows(need(o.op)) {
 		return fmt.Errorf("%s: %w: buffer %d was registered %s", o.op, ErrAccessDenied, r.id, st.access)
