@@ -144,6 +144,9 @@ type TimeoutError struct {
 	Completed int // chunks that completed
 	Total     int // chunks in the transfer
 	Cause     error
+	// NotStarted: the context was done before the transfer began, and
+	// nothing moved. Only Cause is set then.
+	NotStarted bool
 }
 
 func (e *TimeoutError) Error() string {
@@ -151,9 +154,18 @@ func (e *TimeoutError) Error() string {
 	if errors.Is(e.Cause, context.Canceled) {
 		verb = "was canceled"
 	}
-	return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed; "+
-		"the peer may be dead, stopped, unreachable or not progressing its endpoint%s",
-		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total, shmNote(e.Provider))
+	if e.NotStarted {
+		if verb == "timed out" {
+			return "not started: the deadline had passed (" + e.Cause.Error() + ")"
+		}
+		return "not started: the context was canceled"
+	}
+	s := fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed",
+		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)
+	if e.Provider == "memcpy" {
+		return s // a copy within the process: no peer to blame
+	}
+	return s + "; the peer may be dead, stopped, unreachable or not progressing its endpoint" + shmNote(e.Provider)
 }
 
 func shmNote(provider string) string {

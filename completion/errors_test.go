@@ -95,4 +95,7 @@ func TestTimeoutAndPeerGoneClasses(t *testing.T) {
 	gone := &PeerGoneError{Op: Write, Provider: "cma", Peer: "process 1", Cause: "process 1 no longer exists"}
 	assert.ErrorIs(t, gone, errclass.PeerGone)
 	assert.NotErrorIs(t, gone, errclass.Timeout)
+	assert.Equal(t, "not started: the deadline had passed (context deadline exceeded)",
+		(&TimeoutError{Cause: context.DeadlineExceeded, NotStarted: true}).Error())
+	assert.Equal(t, "not started: the context was canceled", (&TimeoutError{Cause: context.Canceled, NotStarted: true}).Error())
 }
