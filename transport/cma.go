@@ -140,8 +140,13 @@ func cmaPeer(pid int) string { return "process " + strconv.Itoa(pid) }
 func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
 	var errno syscall.Errno
 	if errors.As(err, &errno) && errno == unix.ESRCH {
-		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid),
-			Cause: "process " + strconv.Itoa(pid) + " no longer exists"}
+		// No such process, or one without memory: a zombie (processGone
+		// tells which).
+		_, why := processGone(pid)
+		if why == "" {
+			why = "process " + strconv.Itoa(pid) + " no longer exists"
+		}
+		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid), Cause: why}
 	}
 	if errors.As(err, &errno) {
 		return &CMAError{Op: op, Peer: cmaPeer(pid), Offset: off, Len: n, Errno: errno}

@@ -255,7 +255,7 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
 func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
-	if err := b.blocked(); err != nil {
+	if err := b.blockedOrGone(completion.Read, name); err != nil {
 		return err
 	}
 	p, err := b.peer(name)

@@ -109,7 +109,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			failed++
 			continue
 		}
-		if err := o.b.blocked(); err != nil {
+		if err := o.b.blockedOrGone(o.op, o.ep.name); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
