@@ -119,9 +119,12 @@ func classify(provider string, errno fabric.Errno, provErrno int) (class error, 
 		return errclass.Timeout, true
 	case errno == fabric.ErrAgain, errno == fabric.Errno(4): // FI_EINTR
 		return nil, true
-	case ConnGone(errno), errno == fabric.ErrCanceled && ConnGone(fabric.Errno(provErrno)):
-		// tcp;ofi_rxm reports a dropped connection this way to a live peer
+	case ConnGone(errno):
+		// tcp;ofi_rxm reports a lost connection this way to a live peer
 		// too (after the owner refused an op, it closes the connection).
+		// A cancellation (FI_ECANCELED) is not transient by itself, whatever
+		// its prov_errno: tcp's is the progress thread's leftover errno
+		// (tcpx_cq_report_error, v1.17.0; xnet_cq.c, v2.1.0).
 		return nil, true
 	}
 	return nil, false

@@ -53,8 +53,9 @@ func TestErrorClasses(t *testing.T) {
 		// A lost connection says nothing about the peer by itself: rxm
 		// reports it to a live owner that closed it after a refused op.
 		{"tcp 2.x: not connected", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrNotConn}, nil, true},
-		{"tcp 1.17: canceled with a socket error", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 32}, nil, true},
-		{"tcp 1.17: canceled, ENOENT (refused, or a dead peer)", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 2}, nil, false},
+		// A flushed op: tcp's prov_errno is a leftover errno, no cause.
+		{"tcp 1.17: canceled, EPIPE", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 32}, nil, false},
+		{"tcp 1.17: canceled, ENOENT", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 2}, nil, false},
 		{"any: I/O error", &Error{Provider: "shm", Errno: fabric.ErrIO}, nil, false},
 		{"efa 1.17: bad address", &Error{Provider: "efa", Errno: fabric.ErrIO, ProvErrno: 7}, errclass.StaleHandle, false},
 		{"efa 1.22: bad address", &Error{Provider: "efa", Errno: fabric.ErrInval, ProvErrno: 7}, errclass.StaleHandle, false},

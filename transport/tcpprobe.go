@@ -113,19 +113,21 @@ func tcpPeerAlive(j *completion.Job) error {
 	return nil
 }
 
-// tcpExplain classifies a tcp job that failed with lost connections and
-// cancellations only, which do not say themselves whether the peer is
-// gone. rxm reports the ops of a peer that died as FI_ECANCELED, with the
-// socket error in prov_errno or none (ENOENT was seen, the same as for an
-// op the owner refused: its key, range or access check failed, and it
-// closed the connection), or as FI_ENOTCONN — which the next op to a live
-// owner that closed the connection gets too. One dial of the peer's
-// endpoint tells them apart: "connection refused" means nothing listens
-// there any more, and the peer is gone (ErrPeerGone); an owner that still
-// listens refused a cancellation that carries no socket error
-// (ErrStaleHandle); a connection lost to a peer that still listens is
-// transient and gets no explanation. It returns nil when the errors say
-// enough already.
+// tcpExplain classifies a tcp job that failed with cancellations and lost
+// connections only, which do not say themselves whether the peer is gone.
+// tcp;ofi_rxm flushes the ops of a connection that was shut down with
+// FI_ECANCELED: the owner died, or it refused an op (its key, range or
+// access check failed, and it closes the connection). Their prov_errno is
+// the progress thread's leftover errno (ENOENT and ENOTCONN were both
+// seen for a refusal), not a cause. An op posted to a connection already
+// lost fails with FI_ENOTCONN (or another socket error). One dial of the
+// peer's endpoint tells them apart: nothing listens there any more, and
+// the peer is gone (ErrPeerGone); the owner still listens and shut the
+// connection down under a cancelled op: it refused it (ErrStaleHandle —
+// and so do ops of other requests that were in flight on that connection
+// then: the provider does not say which op it refused); the owner still
+// listens and the connection was already lost: transient, no
+// explanation. It returns nil when the errors say enough already.
 func tcpExplain(j *completion.Job, name []byte) error {
 	if len(j.Errs) == 0 {
 		return nil
@@ -136,10 +138,10 @@ func tcpExplain(j *completion.Job, name []byte) error {
 		switch {
 		case !errors.As(e, &ce):
 			return nil // a timeout, or the stall probe's verdict: they explain it
-		case completion.ConnGone(ce.Errno), ce.Errno == fabric.ErrCanceled && completion.ConnGone(fabric.Errno(ce.ProvErrno)):
-			// the connection is lost
 		case ce.Errno == fabric.ErrCanceled:
 			refused = true
+		case completion.ConnGone(ce.Errno):
+			// posted to a lost connection
 		default:
 			return nil // the others explain it
 		}

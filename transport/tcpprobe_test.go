@@ -24,11 +24,13 @@ func sockaddrIn(t *testing.T, addr *net.TCPAddr) []byte {
 	return b
 }
 
-// TestTCPExplain: a tcp job that failed with lost connections and
-// cancellations only is explained by one dial of the peer's endpoint:
-// nothing listens (ErrPeerGone), the owner listens and refused an op
-// (a cancellation without a socket error: ErrStaleHandle), or the owner
-// listens and the connection dropped (no explanation: transient).
+// TestTCPExplain: a tcp job that failed with cancellations and lost
+// connections only is explained by one dial of the peer's endpoint:
+// nothing listens (ErrPeerGone), the owner listens and shut the
+// connection down under a cancelled op (it refused it: ErrStaleHandle,
+// whatever leftover errno prov_errno holds), or the owner listens and
+// the op was posted to a connection already lost (no explanation:
+// transient).
 func TestTCPExplain(t *testing.T) {
 	live, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -51,8 +53,9 @@ func TestTCPExplain(t *testing.T) {
 	}{
 		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, ErrPeerGone},
 		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, ErrStaleHandle},
-		{"socket error, nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, ErrPeerGone},
-		{"socket error, the owner listens (the connection dropped)", []error{canceled(int(syscall.ENOTCONN))}, liveName, nil},
+		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, ErrPeerGone},
+		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, ErrStaleHandle},
+		{"canceled and not connected, the owner listens", []error{canceled(2), notConn}, liveName, ErrStaleHandle},
 		{"not connected, nothing listens", []error{notConn}, deadName, ErrPeerGone},
 		{"not connected, the owner listens", []error{notConn}, liveName, nil},
 		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, nil},
