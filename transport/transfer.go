@@ -13,9 +13,11 @@ import (
 // ReadInto reads the remote buffer src into dst (the first src.Len()
 // bytes), which must be at least as large. It returns when the bytes are
 // in dst, or with an error: a *TransferError keeping every chunk's error
-// for failures of the transfer itself, or an error wrapping ErrTooSmall,
+// for failures of the transfer itself (and for a context already done,
+// before anything moved), or an error wrapping ErrTooSmall,
 // ErrBufferClosed, ErrAccessDenied, ErrNoRoute, ErrStaleHandle... for bad
-// input, before anything moved.
+// input, before anything moved. The package documentation lists the
+// classes errors.Is answers, route by route.
 func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) error {
 	if dst == nil {
 		return errors.New("ReadInto: nil destination buffer")
