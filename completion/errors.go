@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 )
 
 // Op is the kind of an RMA operation.
@@ -60,13 +61,83 @@ func (e *Error) Error() string {
 // Unwrap exposes the libfabric error number to errors.Is.
 func (e *Error) Unwrap() error { return e.Errno }
 
+// Is reports whether the error belongs to the class target, one of the
+// transport package's ErrPeerGone, ErrStaleHandle, ErrAccessDenied,
+// ErrOutOfRange or ErrTimeout (see Class).
+func (e *Error) Is(target error) bool {
+	c, _ := classify(e.Provider, e.Errno, e.ProvErrno)
+	return c != nil && c == target
+}
+
+// Class is the class of the error in fitransfer's vocabulary (the
+// transport package's ErrPeerGone, ErrStaleHandle, ErrAccessDenied,
+// ErrOutOfRange or ErrTimeout), or nil when the numbers alone do not say.
+// A lost connection, say, has no class here: whether its peer is gone
+// takes a look at the peer, which the transport does.
+func (e *Error) Class() error {
+	c, _ := classify(e.Provider, e.Errno, e.ProvErrno)
+	return c
+}
+
+// Transient reports whether the same op may succeed if tried again: the
+// provider was busy or timed out, or the connection dropped (to a peer
+// that may still be alive).
+func (e *Error) Transient() bool {
+	_, t := classify(e.Provider, e.Errno, e.ProvErrno)
+	return t
+}
+
+// classify maps a provider's error report to its class and whether it is
+// transient: the one place that reads meaning into error numbers. efa's
+// prov_errno names the cause precisely (efa up to 1.21 reports every
+// device error as FI_EIO), so a number the hint table documents decides
+// alone; only codes whose documented meaning is unambiguous get a class.
+func classify(provider string, errno fabric.Errno, provErrno int) (class error, transient bool) {
+	if provider == "efa" && provErrno != 0 {
+		switch provErrno {
+		case 7: // REMOTE_ERROR_BAD_ADDRESS: key, range or access do not match the owner's registration
+			return errclass.StaleHandle, false
+		case 9, 4124: // REMOTE_ERROR_BAD_DEST_QPN, ERR_ESTABLISHED_RECV_UNRESP: the peer's endpoint or process is gone
+			return errclass.PeerGone, false
+		case 11: // REMOTE_ERROR_BAD_LENGTH: the remote buffer is shorter than the op
+			return errclass.OutOfRange, false
+		case 10, 12: // REMOTE_ERROR_RNR, REMOTE_ERROR_BAD_STATUS: the table's fix is to retry
+			return nil, true
+		}
+		if _, known := LookupHint(provider, 0, provErrno); known {
+			return nil, false // documented, but not one of the classes (unreachable, unknown peer...)
+		}
+	}
+	switch {
+	case errno == fabric.ErrKeyRejected:
+		return errclass.StaleHandle, false
+	case errno == fabric.ErrAccess:
+		return errclass.AccessDenied, false
+	case errno == fabric.ErrTrunc:
+		return errclass.OutOfRange, false
+	case errno == fabric.ErrTimedOut:
+		return errclass.Timeout, true
+	case errno == fabric.ErrAgain, errno == fabric.Errno(4): // FI_EINTR
+		return nil, true
+	case ConnGone(errno):
+		// tcp;ofi_rxm reports a lost connection this way to a live peer
+		// too (after the owner refused an op, it closes the connection).
+		// A cancellation (FI_ECANCELED) is not transient by itself, whatever
+		// its prov_errno: tcp's is the progress thread's leftover errno
+		// (tcpx_cq_report_error, v1.17.0; xnet_cq.c, v2.1.0).
+		return nil, true
+	}
+	return nil, false
+}
+
 // IsCancellation reports whether err is a flushed or canceled op
 // (FI_ECANCELED): the consequence of another failure, not a cause.
 func IsCancellation(err error) bool { return errors.Is(err, fabric.ErrCanceled) }
 
 // TimeoutError is a transfer that did not finish before its deadline (or
 // whose context was canceled). errors.Is(err, context.DeadlineExceeded)
-// (or context.Canceled) holds.
+// and errors.Is(err, transport.ErrTimeout) hold for a deadline,
+// errors.Is(err, context.Canceled) for a cancellation.
 type TimeoutError struct {
 	Op        Op
 	Provider  string
@@ -76,6 +147,9 @@ type TimeoutError struct {
 	Completed int // chunks that completed
 	Total     int // chunks in the transfer
 	Cause     error
+	// NotStarted: the context was done before the transfer began, and
+	// nothing moved. Only Cause is set then.
+	NotStarted bool
 }
 
 func (e *TimeoutError) Error() string {
@@ -83,9 +157,18 @@ func (e *TimeoutError) Error() string {
 	if errors.Is(e.Cause, context.Canceled) {
 		verb = "was canceled"
 	}
-	return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed; "+
-		"the peer may be dead, stopped, unreachable or not progressing its endpoint%s",
-		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total, shmNote(e.Provider))
+	if e.NotStarted {
+		if verb == "timed out" {
+			return "not started: the deadline had passed (" + e.Cause.Error() + ")"
+		}
+		return "not started: the context was canceled"
+	}
+	s := fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed",
+		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)
+	if e.Provider == "memcpy" {
+		return s // a copy within the process: no peer to blame
+	}
+	return s + "; the peer may be dead, stopped, unreachable or not progressing its endpoint" + shmNote(e.Provider)
 }
 
 func shmNote(provider string) string {
@@ -97,6 +180,12 @@ func shmNote(provider string) string {
 
 // Unwrap exposes the context error.
 func (e *TimeoutError) Unwrap() error { return e.Cause }
+
+// Is reports whether target is transport.ErrTimeout and the cause a
+// deadline: a canceled context is context.Canceled only.
+func (e *TimeoutError) Is(target error) bool {
+	return target == errclass.Timeout && !errors.Is(e.Cause, context.Canceled)
+}
 
 // ErrClosed is returned for jobs submitted to, or pending in, a loop that
 // is closing.
@@ -114,3 +203,6 @@ type PeerGoneError struct {
 func (e *PeerGoneError) Error() string {
 	return fmt.Sprintf("%s with %s over %s stopped: the peer is gone (%s)", e.Op, e.Peer, e.Provider, e.Cause)
 }
+
+// Is reports whether target is transport.ErrPeerGone.
+func (e *PeerGoneError) Is(target error) bool { return target == errclass.PeerGone }

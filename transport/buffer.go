@@ -257,6 +257,15 @@ func (st *bufState) ref() error {
 	return nil
 }
 
+// hold takes one more reference for a transfer that already holds one
+// (the next part of a long op). Unlike ref it does not fail once the
+// buffer is closed: Close waits for the transfer either way.
+func (st *bufState) hold() {
+	st.mu.Lock()
+	st.refs++
+	st.mu.Unlock()
+}
+
 // unref ends a transfer's hold; the last one after Close deregisters.
 // It may run on a loop goroutine, so deregistration goes elsewhere.
 func (st *bufState) unref() {

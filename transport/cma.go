@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -46,8 +45,8 @@ import (
 
 const (
 	cmaProvider = "cma"
-	cmaChunk    = 64 << 20 // bytes per system call, so that a context is checked in between
-	cmaSmall    = 1 << 20  // ops up to this size share system calls
+	cmaChunk    = copyPiece // bytes per system call, so that the deadline is checked in between
+	cmaSmall    = 1 << 20   // ops up to this size share system calls
 )
 
 var cmaPath struct {
@@ -141,8 +140,13 @@ func cmaPeer(pid int) string { return "process " + strconv.Itoa(pid) }
 func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
 	var errno syscall.Errno
 	if errors.As(err, &errno) && errno == unix.ESRCH {
-		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid),
-			Cause: "process " + strconv.Itoa(pid) + " no longer exists"}
+		// No such process, or one without memory: a zombie (processGone
+		// tells which).
+		_, why := processGone(pid)
+		if why == "" {
+			why = "process " + strconv.Itoa(pid) + " no longer exists"
+		}
+		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid), Cause: why}
 	}
 	if errors.As(err, &errno) {
 		return &CMAError{Op: op, Peer: cmaPeer(pid), Offset: off, Len: n, Errno: errno}
@@ -208,10 +212,10 @@ var cmaBatches = sync.Pool{New: func() any { return new(cmaBatch) }}
 // costs one call instead of one each), large ones alone, in chunks. A
 // batch that fails or comes up short is redone op by op, so that each
 // error names its op. It returns the errors and how many ops failed.
-func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) {
+func cmaCopyAll(lim limit, ops []opSpec, errs []error) ([]error, int) {
 	failed := 0
 	one := func(o *opSpec) {
-		if err := cmaCopy(ctx, o); err != nil {
+		if err := cmaCopy(lim, o); err != nil {
 			errs = append(errs, err)
 			failed++
 		}
@@ -226,7 +230,7 @@ func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) 
 		}
 		batch := bt.ops[:n]
 		n = 0
-		if len(batch) == 1 || ctx.Err() != nil {
+		if len(batch) == 1 || lim.err() != nil {
 			for _, i := range batch {
 				one(&ops[i])
 			}
@@ -274,15 +278,16 @@ func cmaCopyAll(ctx context.Context, ops []opSpec, errs []error) ([]error, int) 
 	return errs, failed
 }
 
-// cmaCopy moves the op's bytes, in chunks, checking ctx in between.
-func cmaCopy(ctx context.Context, o *opSpec) error {
+// cmaCopy moves the op's bytes, in chunks, checking the request's
+// context and deadline in between: a long copy ends at its deadline, not
+// when its last byte moved.
+func cmaCopy(lim limit, o *opSpec) error {
 	pid := o.peer.pid
 	local := o.local.st.mem[o.local.off : o.local.off+o.remote.n] // host memory: prepare routed device memory elsewhere
 	remote := o.ep.base + o.remote.off
 	for off := uint64(0); off < o.remote.n; {
-		if err := ctx.Err(); err != nil {
-			return &completion.TimeoutError{Op: o.op, Provider: cmaProvider, Peer: cmaPeer(pid), Bytes: o.remote.n,
-				Completed: int(off / cmaChunk), Total: int((o.remote.n + cmaChunk - 1) / cmaChunk), Cause: err}
+		if err := lim.err(); err != nil {
+			return lim.timeout(o, cmaProvider, cmaPeer(pid), off, cmaChunk, err)
 		}
 		n := min(o.remote.n-off, cmaChunk)
 		liov := []unix.Iovec{{Base: &local[off], Len: n}}

@@ -5,11 +5,15 @@
 // many of both at once.
 //
 // Transfers are routed by where the owner of the remote buffer runs: in
-// the same manager, a memcpy; on the same node, shm; elsewhere the
-// inter-node backend (efa-direct, efa or tcp;ofi_rxm, see
-// fabric.Select). They are split into chunks no larger than the provider
-// allows, with no more ops in flight than the endpoint's transmit queue
-// and completion queue hold, and every chunk asks for a completion.
+// the same manager, a memcpy; on the same node, cma — fitransfer's own
+// process_vm_readv/writev, because libfabric's shm can leave a process
+// deaf for good when a peer dies mid-copy — or libfabric's shm where cma
+// cannot serve (device memory, peers process_vm_readv does not reach);
+// elsewhere the inter-node backend (efa-direct, efa or tcp;ofi_rxm, see
+// fabric.Select). Network transfers are split into chunks no larger than
+// the provider allows, with no more ops in flight than the endpoint's
+// transmit queue and completion queue hold, and every chunk asks for a
+// completion.
 //
 // A nil error from WriteFrom means the bytes are visible in the target's
 // memory (FI_DELIVERY_COMPLETE), unless the manager was created with
@@ -18,4 +22,50 @@
 //
 // Every method is safe for concurrent use. Every wait has a deadline: the
 // context's, or the manager's default timeout when the context has none.
+// A context already done when a transfer is asked for returns its error
+// before anything moves. A deadline ends a long transfer within the copy
+// of one piece on memcpy and cma (4 MiB) and of one part on shm (32 MiB),
+// whose single-copy path copies inside libfabric's post calls; tcp;ofi_rxm
+// and efa ops end at the deadline itself.
+//
+// # Errors
+//
+// Whatever the route, errors.Is answers the same classes: ErrPeerGone,
+// ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, ErrTimeout (with
+// context.DeadlineExceeded for a deadline), or context.Canceled. A
+// provider's *completion.Error stays underneath (errors.As finds it, with
+// its errno, prov_errno, text and hint), and Retryable says whether the
+// same request may succeed if made again (a timeout, a busy provider, a
+// connection lost to a peer that still listens). Each case gives one class
+// per route; test/TestErrorVocabulary checks every cell of this table but
+// the efa column, which follows the provider's documented error numbers
+// (completion's hint table):
+//
+//	case                           memcpy   cma      shm      tcp;ofi_rxm  efa
+//	buffer closed by its owner     stale    stale    stale    stale*       stale (prov_errno 7)
+//	altered key                    stale    stale    stale    stale*       stale (7)
+//	no remote right (its handle)   access   access   access   access       access
+//	forged access bits             access   access   access   stale*       stale (7)
+//	range past the buffer          range    range    range    stale*       stale (7), range (11)
+//	deadline passed                timeout  timeout  timeout  timeout      timeout
+//	context canceled               Canceled Canceled Canceled Canceled     Canceled
+//	owner killed                   -        gone     gone     gone         gone (9, 4124)
+//	owner a zombie (not reaped)    -        gone     gone     -            -
+//
+// (stale: ErrStaleHandle, access: ErrAccessDenied, range: ErrOutOfRange,
+// timeout: ErrTimeout, gone: ErrPeerGone.) fitransfer checks the handle's
+// own access bits and range before any op, and on memcpy, cma and shm it
+// checks the owner's record of the buffer too, so it knows which check
+// failed. On tcp;ofi_rxm (*) the owner's provider checks key, range and
+// access, and refuses by shutting the connection down: the op fails with
+// FI_ECANCELED, and a dial of the owner's endpoint tells a refusal (it
+// still listens: ErrStaleHandle, whichever check it was — ops of other
+// requests in flight on that connection then read so too) from a dead
+// peer (nothing listens: ErrPeerGone). An op posted to a connection
+// already lost to an owner that still listens (the next one after a
+// refusal, until rxm reconnects) has no class and is retryable. On efa
+// only error numbers
+// whose meaning is unambiguous have a class: an unreachable or unknown
+// peer (prov_errno 13, 14, 15) is a setup or network problem, not a dead
+// one.
 package transport

@@ -1,12 +1,40 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/internal/errclass"
+)
+
+// The error vocabulary: whatever the route (memcpy, cma, shm, tcp;ofi_rxm,
+// efa), errors.Is answers these five for a failed transfer, and the
+// provider's *completion.Error, when there is one, stays underneath for
+// errors.As. The package documentation has the table of which case gives
+// which class on which route.
+var (
+	// ErrPeerGone: the buffer's owner process exited (a zombie counts) or
+	// nothing listens at its endpoint any more; retrying cannot help.
+	ErrPeerGone = errclass.PeerGone
+	// ErrStaleHandle: the owner no longer has the buffer the handle names
+	// (closed, or the owner restarted), or the handle was altered. Where
+	// the owner's provider checks keys (tcp;ofi_rxm, efa), any key, range
+	// or access mismatch it refuses is reported as this: it does not say
+	// which.
+	ErrStaleHandle = errclass.StaleHandle
+	// ErrAccessDenied: the owner did not grant the remote right the op needs.
+	ErrAccessDenied = errclass.AccessDenied
+	// ErrOutOfRange: a slice or handle range outside its buffer.
+	ErrOutOfRange = errclass.OutOfRange
+	// ErrTimeout: the deadline (the context's, or the manager's timeout)
+	// passed first, or the provider timed the op out. For a deadline
+	// errors.Is(err, context.DeadlineExceeded) holds as well; a canceled
+	// context is context.Canceled, not ErrTimeout.
+	ErrTimeout = errclass.Timeout
 )
 
 // Errors for bad input and state; each returned error wraps one and says
@@ -19,19 +47,12 @@ var (
 	ErrBufferClosed = errors.New("buffer closed")
 	// ErrTooSmall: the destination of a transfer is smaller than its source.
 	ErrTooSmall = errors.New("destination too small")
-	// ErrOutOfRange: a slice or handle range outside its buffer.
-	ErrOutOfRange = errors.New("out of range")
-	// ErrAccessDenied: the owner did not grant the remote right the op needs.
-	ErrAccessDenied = errors.New("access denied")
 	// ErrNoRoute: no backend reaches the buffer's owner from here.
 	ErrNoRoute = errors.New("no route to the buffer's owner")
 	// ErrForeignBuffer: a local buffer of another manager.
 	ErrForeignBuffer = errors.New("buffer belongs to another manager")
 	// ErrConflict: ops of one Action touch overlapping local memory.
 	ErrConflict = errors.New("conflicting ops in one action")
-	// ErrStaleHandle: the owner no longer has the buffer the handle names
-	// (closed, or the owner restarted), or the handle was altered.
-	ErrStaleHandle = errors.New("stale or altered handle")
 	// ErrDeviceMemory: device memory where it cannot be used, or a manager
 	// not opened WithDeviceMemory.
 	ErrDeviceMemory = errors.New("device memory not supported here")
@@ -39,8 +60,6 @@ var (
 	// because ops to a peer that died are still in flight on it (see
 	// backend.blocked).
 	ErrEndpointBlocked = errors.New("endpoint blocked")
-	// ErrPeerGone: the buffer's owner exited or closed its manager.
-	ErrPeerGone = errors.New("peer gone")
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every
@@ -78,6 +97,56 @@ func (e *TransferError) Error() string {
 
 // Unwrap returns every error.
 func (e *TransferError) Unwrap() []error { return e.Errs }
+
+// final are the errors that retrying the same request cannot cure.
+var final = []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, context.Canceled,
+	ErrClosed, completion.ErrClosed, ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrConflict,
+	ErrDeviceMemory, ErrEndpointBlocked, ErrBadHandle}
+
+// Retryable reports whether the same request may succeed if made again:
+// err is (or holds) a timeout (ErrTimeout), or a transient provider error
+// — the provider was busy (FI_EAGAIN), or a connection to a peer that
+// still listens dropped — and nothing in it says a retry cannot help: a
+// peer gone, a stale or altered handle, access denied, out of range, a
+// canceled context, a closed manager or buffer, bad input, a blocked or
+// wedged endpoint. Errors it does not know (FI_EIO, say) are not
+// retryable: retrying blindly could repeat a failure forever.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, f := range final {
+		if errors.Is(err, f) {
+			return false
+		}
+	}
+	var wedged *completion.WedgedError
+	if errors.As(err, &wedged) {
+		return false
+	}
+	return errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || transient(err)
+}
+
+// transient reports whether err or any error it wraps is a
+// *completion.Error that says the op may succeed if tried again.
+func transient(err error) bool {
+	if ce, ok := err.(*completion.Error); ok && ce.Transient() {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		if next := u.Unwrap(); next != nil {
+			return transient(next)
+		}
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if transient(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 func plural(n int) string {
 	if n == 1 {

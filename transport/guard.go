@@ -199,8 +199,13 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, vir
 	switch {
 	case w(gwGen) != ep.guard.gen || w(gwID) != r.id:
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, r.id)
-	case key != ep.key || base != ep.base || w(gwSize) != r.size:
-		return fmt.Errorf("%w: key, address or size of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
+	case key != ep.key || base != ep.base:
+		return fmt.Errorf("%w: key or address of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
+	case w(gwSize) != r.size && r.off+r.n > w(gwSize):
+		return fmt.Errorf("%w: the handle's range [%d, %d) lies outside the %d bytes its owner registered as buffer %d (the handle was altered)",
+			ErrOutOfRange, r.off, r.off+r.n, w(gwSize), r.id)
+	case w(gwSize) != r.size:
+		return fmt.Errorf("%w: size of buffer %d does not match what its owner registered", ErrStaleHandle, r.id)
 	case !mr.Access(w(gwAccess)).Allows(need):
 		return fmt.Errorf("%w: the owner registered buffer %d as %s, the op needs %s", ErrAccessDenied, r.id, mr.Access(w(gwAccess)), need)
 	}
@@ -251,7 +256,7 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
 func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
-	if err := b.blocked(); err != nil {
+	if err := b.blockedOrGone(completion.Read, name); err != nil {
 		return err
 	}
 	p, err := b.peer(name)

@@ -423,14 +423,33 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			peer, err = m.reverify(r.owner, peer)
 		}
 		switch {
+		case errors.Is(err, errNoAnswer):
+			// Nobody answers for the owner. Only to explain that, the
+			// process the handle names is looked at: if it is gone, so
+			// is the owner.
+			pid := 0
+			if cmaEP != nil {
+				pid = cmaPID(cmaEP.name)
+			} else {
+				pid = shmPeerPID(shmEP.name)
+			}
+			if gone, why := processGone(pid); gone {
+				rt.gone = &completion.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
+			}
+			rt.refused = sameNodeRefusal(err)
 		case errors.As(err, &rt.gone):
+			rt.refused = err.Error()
+		case err != nil:
+			rt.refused = sameNodeRefusal(err)
+		}
+		if rt.gone != nil {
 			rt.gone.Provider = cmaProvider
 			if m.cmaB == nil || cmaEP == nil {
 				rt.gone.Provider = bs.sameNode.provider
 			}
-			rt.refused = err.Error()
+		}
+		switch {
 		case err != nil:
-			rt.refused = sameNodeRefusal(err)
 		case m.cmaB != nil && cmaEP != nil && m.reach.reaches(peer.pid, peer.cma.table):
 			rt.b, rt.ep, rt.peer = m.cmaB, cmaEP, peer
 			return rt, matchesPeer(r, cmaEP, peer)

@@ -219,13 +219,15 @@ type peers struct {
 }
 
 type verification struct {
-	once sync.Once
-	peer *sameNodePeer
-	err  error
+	once    sync.Once
+	peer    *sameNodePeer
+	err     error
+	gonePID int // the owner answered an earlier verification, and is gone now
 }
 
 // sameNodePeer verifies the owner of r's buffer (once per owner manager)
-// and returns it, or why no same-node route may be used toward it.
+// and returns it, or why no same-node route may be used toward it: a
+// *completion.PeerGoneError when the owner, verified before, is gone.
 func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	if m.verified.byID == nil {
@@ -238,10 +240,12 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	}
 	m.verified.mu.Unlock()
 	v.once.Do(func() { v.peer, v.err = verifyOwner(owner, m.forgetSameNode) })
-	if v.err != nil {
+	switch {
+	case v.gonePID != 0:
+		return nil, peerGone(v.gonePID)
+	case v.err != nil:
 		return nil, v.err
-	}
-	if !v.peer.gone.Load() {
+	case !v.peer.gone.Load():
 		return v.peer, nil
 	}
 	// The owner's side ended: it exited, closed its manager, or replaced
@@ -253,12 +257,29 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 		m.verified.byID[owner] = again
 	}
 	m.verified.mu.Unlock()
-	again.once.Do(func() { again.peer, again.err = verifyOwner(owner, m.forgetSameNode) })
+	again.once.Do(func() {
+		again.peer, again.err = verifyOwner(owner, m.forgetSameNode)
+		if again.err != nil {
+			again.gonePID = v.peer.pid // it answered before, and no more
+		}
+	})
+	if again.gonePID != 0 {
+		return nil, peerGone(again.gonePID)
+	}
 	if again.err != nil || again.peer.gone.Load() {
-		return nil, &completion.PeerGoneError{Peer: cmaPeer(v.peer.pid),
-			Cause: "its manager's verified connection ended: the process exited or closed its manager"}
+		return nil, peerGone(v.peer.pid)
 	}
 	return again.peer, nil
+}
+
+// peerGone is the error of an op toward a same-node owner, process pid,
+// that is gone; a new error each time, for the caller to complete.
+func peerGone(pid int) *completion.PeerGoneError {
+	why := "its manager closed: the connection it was verified over ended"
+	if gone, w := processGone(pid); gone {
+		why = w
+	}
+	return &completion.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
 }
 
 // reverify drops what the verification of owner, old, said, and verifies
@@ -279,13 +300,17 @@ func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	return m.sameNodePeer(owner)
 }
 
+// errNoAnswer is a verification that found no manager listening: the
+// owner exited, closed its manager, or runs in another network namespace.
+var errNoAnswer = errors.New("no verified same-node owner: its manager does not answer on this node")
+
 // verifyOwner connects to the verifier of manager owner and checks what
 // the kernel says about the process at the other end.
 func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
 	nc, err := d.Dial("unixpacket", verifySocket(owner))
 	if err != nil {
-		return nil, fmt.Errorf("no verified same-node owner: its manager does not answer on this node (%v)", errors.Unwrap(err))
+		return nil, fmt.Errorf("%w (%v)", errNoAnswer, errors.Unwrap(err))
 	}
 	c := nc.(*net.UnixConn)
 	fail := func(format string, a ...any) (*sameNodePeer, error) {

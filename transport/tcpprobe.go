@@ -3,6 +3,7 @@ package transport
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -112,42 +113,75 @@ func tcpPeerAlive(j *completion.Job) error {
 	return nil
 }
 
-// tcpPeerGoneAfter explains a tcp job that failed with cancellations only.
-// rxm reports the ops of a peer that died as FI_ECANCELED, and its
-// prov_errno does not always name the socket error (ENOENT was seen, the
-// same as for a key the owner rejected). One dial of the peer's endpoint
-// tells the two apart: "connection refused" means nothing listens there any
-// more, and the peer is gone. It returns nil when the errors say enough
-// already or the peer still listens.
-func tcpPeerGoneAfter(j *completion.Job, name []byte) error {
+// tcpExplain classifies a tcp job that failed with cancellations and lost
+// connections only, which do not say themselves whether the peer is gone.
+// tcp;ofi_rxm flushes the ops of a connection that was shut down with
+// FI_ECANCELED: the owner died, or it refused an op (its key, range or
+// access check failed, and it closes the connection). Their prov_errno is
+// the progress thread's leftover errno (ENOENT and ENOTCONN were both
+// seen for a refusal), not a cause. An op posted to a connection already
+// lost fails with FI_ENOTCONN (or another socket error). One dial of the
+// peer's endpoint tells them apart: nothing listens there any more, and
+// the peer is gone (ErrPeerGone); the owner still listens and shut the
+// connection down under a cancelled op: it refused it (ErrStaleHandle —
+// and so do ops of other requests that were in flight on that connection
+// then: the provider does not say which op it refused); the owner still
+// listens and the connection was already lost: transient, no
+// explanation. It returns nil when the errors say enough already.
+func tcpExplain(j *completion.Job, name []byte) error {
 	if len(j.Errs) == 0 {
 		return nil
 	}
+	refused := false
 	for _, e := range j.Errs {
 		var ce *completion.Error
-		if !errors.As(e, &ce) || ce.Errno != fabric.ErrCanceled {
-			return nil // not only cancellations: the others explain it
-		}
-		if completion.ConnGone(fabric.Errno(ce.ProvErrno)) {
-			return nil // the socket error already says the connection is gone
+		switch {
+		case !errors.As(e, &ce):
+			return nil // a timeout, or the stall probe's verdict: they explain it
+		case ce.Errno == fabric.ErrCanceled:
+			refused = true
+		case completion.ConnGone(ce.Errno):
+			// posted to a lost connection
+		default:
+			return nil // the others explain it
 		}
 	}
-	if addr := sockaddrHostPort(name); addr != "" && nothingListens(addr) {
+	addr := sockaddrHostPort(name)
+	switch {
+	case addr == "":
+		return nil
+	case nothingListens(addr):
 		return tcpPeerGone(j, addr)
+	case refused:
+		return fmt.Errorf("%w: the owner at %s still listens but refused the op: its key, range or access check failed "+
+			"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", ErrStaleHandle, addr)
 	}
 	return nil
 }
 
-// nothingListens dials addr once: true when the connection is refused.
-// A live peer, even a stopped one (the kernel completes the handshake),
-// sees a connection that closes at once.
+// nothingListens dials addr once: true when the connection is refused, or
+// reset by a listener that is closing. A process being killed closes its
+// connections and its listener one after the other, so a dial right after
+// a lost connection can reach the listener's backlog just before it
+// closes: then the connection is reset, during the dial or within
+// closingListener after it. A live peer, even a stopped one (the kernel
+// completes the handshake), sees a connection that closes at once.
 func nothingListens(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-	if err == nil {
-		c.Close()
+	if err != nil {
+		return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 	}
-	return errors.Is(err, syscall.ECONNREFUSED)
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(closingListener))
+	var b [1]byte
+	_, err = c.Read(b[:])
+	return errors.Is(err, syscall.ECONNRESET)
 }
+
+// closingListener is how long nothingListens waits for the reset of a
+// listener that is closing; it closes within the same exit as the
+// connection whose loss led to the dial.
+const closingListener = 20 * time.Millisecond
 
 // tcpPeerGone is the error of a tcp job whose peer no longer listens.
 func tcpPeerGone(j *completion.Job, addr string) error {

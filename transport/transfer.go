@@ -13,9 +13,11 @@ import (
 // ReadInto reads the remote buffer src into dst (the first src.Len()
 // bytes), which must be at least as large. It returns when the bytes are
 // in dst, or with an error: a *TransferError keeping every chunk's error
-// for failures of the transfer itself, or an error wrapping ErrTooSmall,
+// for failures of the transfer itself (and for a context already done,
+// before anything moved), or an error wrapping ErrTooSmall,
 // ErrBufferClosed, ErrAccessDenied, ErrNoRoute, ErrStaleHandle... for bad
-// input, before anything moved.
+// input, before anything moved. The package documentation lists the
+// classes errors.Is answers, route by route.
 func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) error {
 	if dst == nil {
 		return errors.New("ReadInto: nil destination buffer")
@@ -64,6 +66,7 @@ type opSpec struct {
 	target    *bufState     // memcpy: the other buffer
 	x         *xfer
 	submitted bool
+	sent      uint64 // bytes handed to jobs so far (see shmPart)
 }
 
 func need(op completion.Op) mr.Access {
@@ -76,6 +79,9 @@ func need(op completion.Op) mr.Access {
 // execute checks, routes and runs the ops of one request, waits for all of
 // them and gathers their errors.
 func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error {
+	if err := ctx.Err(); err != nil {
+		return notStarted(kind, ops, err) // on every route, before anything is looked up or moved
+	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = nowFunc().Add(m.cfg.timeout)
@@ -107,7 +113,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			failed++
 			continue
 		}
-		if err := o.b.blocked(); err != nil {
+		if err := o.b.blockedOrGone(o.op, o.ep.name); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
@@ -120,7 +126,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			failed++
 			continue
 		}
-		chunks += len(x.job.Chunks)
+		chunks += int((o.remote.n + o.b.chunk - 1) / o.b.chunk) // every part's
 		if err := x.submit(); err != nil {
 			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.provider, ErrClosed))
 			failed++
@@ -130,49 +136,54 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	m.releaseManager()
 	// Same-manager and cma ops are copies, done while the others fly.
+	lim := limit{ctx: ctx, start: start, deadline: deadline}
 	for i := range ops {
 		o := &ops[i]
 		if o.b == nil {
-			if err := o.copy(); err != nil {
+			if err := o.copy(lim); err != nil {
 				errs = append(errs, err)
 				failed++
 			}
 		}
 	}
 	var cmaFailed int
-	errs, cmaFailed = cmaCopyAll(ctx, ops, errs)
+	errs, cmaFailed = cmaCopyAll(lim, ops, errs)
 	failed += cmaFailed
 	attempted := 0
 	for i := range ops {
 		o := &ops[i]
-		if o.x == nil {
-			continue
-		}
-		j := o.x.job
-		if o.submitted {
-			if err := o.b.loop.Wait(ctx, j); err != nil {
-				// Wedged: the job stays the loop's; its xfer is left.
+		for o.x != nil { // each part of the op
+			j := o.x.job
+			if o.submitted {
+				if err := o.b.loop.Wait(ctx, j); err != nil {
+					// Wedged: the job stays the loop's; its xfer is left.
+					errs = append(errs, err)
+					failed++
+					o.x, o.submitted = nil, false
+					break
+				}
+			}
+			attempted += j.Attempted
+			for _, e := range j.Errs {
+				errs = append(errs, e)
+				var te *completion.TimeoutError
+				if !errors.As(e, &te) {
+					failed++
+				}
+			}
+			if o.b.provider == "tcp;ofi_rxm" {
+				if why := tcpExplain(j, o.ep.name); why != nil {
+					errs = append(errs, why) // not a chunk: the explanation, which leads the error
+				}
+			}
+			if err := m.nextPart(o, lim); err != nil {
 				errs = append(errs, err)
-				failed++
-				o.x, o.submitted = nil, false
-				continue
+				var te *completion.TimeoutError
+				if !errors.As(err, &te) {
+					failed++
+				}
 			}
 		}
-		attempted += j.Attempted
-		for _, e := range j.Errs {
-			errs = append(errs, e)
-			var te *completion.TimeoutError
-			if !errors.As(e, &te) {
-				failed++
-			}
-		}
-		if o.b.provider == "tcp;ofi_rxm" {
-			if gone := tcpPeerGoneAfter(j, o.ep.name); gone != nil {
-				errs = append(errs, gone) // not a chunk: the explanation, which leads the error
-			}
-		}
-		o.x.release()
-		o.x, o.submitted = nil, false
 	}
 	releaseOps(ops)
 	if len(errs) == 0 {
@@ -276,13 +287,20 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	if st == nil {
 		return fmt.Errorf("%s: %w: buffer %d is closed", o.op, ErrStaleHandle, r.id)
 	}
-	if len(st.eps) != len(r.eps) || st.size != r.size {
+	if len(st.eps) != len(r.eps) {
 		return fmt.Errorf("%s: %w: buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
 	}
 	for i := range st.eps {
 		if st.eps[i].key != r.eps[i].key || st.eps[i].base != r.eps[i].base {
 			return fmt.Errorf("%s: %w: key or address of buffer %d do not match", o.op, ErrStaleHandle, r.id)
 		}
+	}
+	if st.size != r.size && r.off+r.n > st.size {
+		return fmt.Errorf("%s: %w: the handle's range [%d, %d) lies outside buffer %d's %d bytes (the handle was altered)",
+			o.op, ErrOutOfRange, r.off, r.off+r.n, r.id, st.size)
+	}
+	if st.size != r.size {
+		return fmt.Errorf("%s: %w: size of buffer %d does not match the handle", o.op, ErrStaleHandle, r.id)
 	}
 	if !st.access.Allows(need(o.op)) {
 		return fmt.Errorf("%s: %w: buffer %d was registered %s", o.op, ErrAccessDenied, r.id, st.access)
@@ -297,15 +315,67 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	return nil
 }
 
-// copy runs a same-manager op.
-func (o *opSpec) copy() error {
+// copy runs a same-manager op, in pieces, checking the request's context
+// and deadline in between.
+func (o *opSpec) copy(lim limit) error {
 	dst := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
 	src := o.target.mem[o.remote.off : o.remote.off+o.remote.n]
 	if o.op == completion.Write {
 		dst, src = src, dst
 	}
-	copy(dst, src)
+	for off := uint64(0); off < o.remote.n; off += copyPiece {
+		if off > 0 {
+			if err := lim.err(); err != nil {
+				return lim.timeout(o, "memcpy", "this manager", off, copyPiece, err)
+			}
+		}
+		end := min(off+copyPiece, o.remote.n)
+		copy(dst[off:end], src[off:end])
+	}
 	return nil
+}
+
+// copyPiece is how many bytes a same-manager or cma copy moves between two
+// looks at the deadline: about a millisecond's worth, so that a long copy
+// ends close to its deadline, for next to nothing per piece.
+const copyPiece = 4 << 20
+
+// limit is what ends a request besides its completion: its context and
+// its deadline (the context's, or the manager's timeout).
+type limit struct {
+	ctx             context.Context
+	start, deadline time.Time
+}
+
+// err is the context's error, or context.DeadlineExceeded once the
+// deadline passed, or nil.
+func (l limit) err() error {
+	if err := l.ctx.Err(); err != nil {
+		return err
+	}
+	if !nowFunc().Before(l.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// timeout is the error of an op that the limit ended after done bytes,
+// which moved in chunks of chunk bytes.
+func (l limit) timeout(o *opSpec, provider, peer string, done, chunk uint64, cause error) error {
+	return &completion.TimeoutError{Op: o.op, Provider: provider, Peer: peer, Bytes: o.remote.n,
+		After: nowFunc().Sub(l.start), Completed: int(done / chunk), Total: int((o.remote.n + chunk - 1) / chunk),
+		Cause: cause}
+}
+
+// notStarted is the error of a request whose context was done before it
+// began: nothing moved.
+func notStarted(kind string, ops []opSpec, err error) error {
+	var total uint64
+	for i := range ops {
+		total += ops[i].remote.n
+	}
+	return &TransferError{Op: kind, Bytes: total, Ops: len(ops),
+		Errs: []error{&completion.TimeoutError{Cause: err, NotStarted: true}}}
 }
 
 // fill builds the job of a network op: chunks no larger than the
@@ -331,11 +401,61 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	lv := view{x.local, o.local.off, o.local.n}
 	desc := x.local.mrs[b.index].Desc()
 	remote := o.ep.base + o.remote.off
-	for off := uint64(0); off < o.remote.n; off += b.chunk {
-		n := min(b.chunk, o.remote.n-off)
+	end := o.remote.n
+	if b.provider == "shm" {
+		end = min(end, o.sent+shmPart)
+	}
+	for off := o.sent; off < end; off += b.chunk {
+		n := min(b.chunk, end-off)
 		j.Chunks = append(j.Chunks, completion.Chunk{Local: lv.ptr(off), Desc: desc, Len: n,
 			Remote: remote + off, Key: o.ep.key, Offset: off})
 	}
+	o.sent = end
+	return nil
+}
+
+// shmPart is the most one shm job of an op covers; a longer op runs as
+// consecutive jobs, and the request's context and deadline are checked
+// between them. libfabric 1.x's shm copies inside fi_read / fi_write on
+// its single-copy path, so a progress loop posting a batch of large
+// chunks cannot look at the deadline until all of them are copied: a
+// 1 GiB read with a 20 ms deadline returned after 3.6 s. A part bounds
+// that, at the cost of one pause in the pipeline per part where the
+// owner copies instead.
+const shmPart = 32 << 20
+
+// nextPart releases the finished job of op o and, when that job was one
+// part of a longer op (shmPart) and did not fail, starts the next part —
+// unless the request's context or deadline ended, which is the error it
+// returns then.
+func (m *Manager) nextPart(o *opSpec, lim limit) error {
+	x := o.x
+	more := len(x.job.Errs) == 0 && o.sent < o.remote.n
+	peer, start := x.job.PeerName, x.job.Start
+	var next *xfer
+	stop := lim.err()
+	if more && stop == nil {
+		next = m.newXfer(o.b)
+		next.local = x.local
+		next.local.hold() // before x lets go of it
+	}
+	x.release()
+	o.x, o.submitted = nil, false
+	switch {
+	case !more:
+		return nil
+	case stop != nil:
+		return lim.timeout(o, o.b.provider, peer, o.sent, o.b.chunk, stop)
+	}
+	if err := m.fill(next, o, start, lim.deadline); err != nil {
+		next.release()
+		return err
+	}
+	if err := next.submit(); err != nil {
+		next.release()
+		return fmt.Errorf("%s over %s: %w", o.op, o.b.provider, ErrClosed)
+	}
+	o.x, o.submitted = next, true
 	return nil
 }
 

@@ -1,12 +1,9 @@
 package transport
 
 import (
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/completion"
 )
@@ -85,12 +82,13 @@ func (x *xfer) release() {
 }
 
 // peerAlive is the Check of shm jobs: an shm peer whose process exited
-// never answers, so the job ends as soon as that is known. Ops it leaves
-// in flight may block the endpoint (backend.blocked), which also ends
-// the jobs waiting behind them.
+// (processGone: a zombie too) never answers, so the job ends as soon as
+// that is known. Ops it leaves in flight may block the endpoint
+// (backend.blocked), which also ends the jobs waiting behind them.
 func peerAlive(j *completion.Job) error {
 	x := j.Tag.(*xfer)
-	if x.pid <= 0 || unix.Kill(x.pid, 0) != unix.ESRCH {
+	gone, why := processGone(x.pid)
+	if !gone {
 		err := x.b.blocked()
 		if err != nil {
 			x.markStuck(j)
@@ -102,8 +100,7 @@ func peerAlive(j *completion.Job) error {
 		x.b.abandonDead(j.PeerName)
 	}
 	x.markStuck(j)
-	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName,
-		Cause: "process " + strconv.Itoa(x.pid) + " no longer exists"}
+	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName, Cause: why}
 }
 
 // markStuck records, once, that x ends with ops in flight that may never

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -211,24 +212,45 @@ func child(in io.Reader, out io.Writer) int {
 
 // Peer is a running child owner.
 type Peer struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *bufio.Scanner
-	Pid   int
-	waitc chan error
-	addrs []uint64
+	t      testing.TB
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	Pid    int
+	waitc  chan error
+	reaper sync.Once // starts the goroutine that reaps the child
+	addrs  []uint64
 }
 
 // Start starts a child owner restricted to providers (none: its own
 // choice).
 func Start(t testing.TB, providers ...string) *Peer {
 	t.Helper()
+	p := start(t, providers)
+	p.reap()
+	return p
+}
+
+// StartUnreaped is Start for a child that this process does not reap
+// until the test ends: once it exits (Zombie) it stays a zombie, which
+// kill(pid, 0) cannot tell from a live process.
+func StartUnreaped(t testing.TB, providers ...string) *Peer {
+	t.Helper()
+	return start(t, providers)
+}
+
+// reap starts waiting for the child, which reaps it once it exits.
+func (p *Peer) reap() {
+	p.reaper.Do(func() { go func() { p.waitc <- p.cmd.Wait() }() })
+}
+
+func start(t testing.TB, providers []string) *Peer {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, exec.Command(exe, "-test.run=^$"), providers)
+	return startCmd(t, exec.Command(exe, "-test.run=^$"), providers)
 }
 
 // StartAs starts a child owner running as user uid (and group uid): a
@@ -259,10 +281,12 @@ func StartAs(t testing.TB, uid int, providers ...string) *Peer {
 	cmd := exec.Command(copyExe, "-test.run=^$")
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-	return start(t, cmd, providers)
+	p := startCmd(t, cmd, providers)
+	p.reap()
+	return p
 }
 
-func start(t testing.TB, cmd *exec.Cmd, providers []string) *Peer {
+func startCmd(t testing.TB, cmd *exec.Cmd, providers []string) *Peer {
 	t.Helper()
 	cmd.Env = append(os.Environ(), envRun+"=1", envProviders+"="+strings.Join(providers, ","))
 	cmd.Stderr = os.Stderr
@@ -279,7 +303,6 @@ func start(t testing.TB, cmd *exec.Cmd, providers []string) *Peer {
 	}
 	p := &Peer{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outp), waitc: make(chan error, 1)}
 	p.out.Buffer(make([]byte, 1<<20), 64<<20)
-	go func() { p.waitc <- cmd.Wait() }()
 	t.Cleanup(p.Close)
 	rep, err := p.read()
 	if err != nil {
@@ -437,17 +460,41 @@ func (p *Peer) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
-		if err == nil {
-			// pid (comm) state ...: the state follows the last ')'.
-			s := string(b)
-			if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't') {
-				return
-			}
+		if st := p.State(); st == 'T' || st == 't' {
+			return
 		}
 		time.Sleep(time.Millisecond)
 	}
 	p.t.Fatalf("test peer %d did not stop", p.Pid)
+}
+
+// State is the child's process state, as /proc/PID/stat gives it ('R',
+// 'S', 'T', 'Z'...), or 0 when it cannot be read.
+func (p *Peer) State() byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
+		return s[i+2]
+	}
+	return 0
+}
+
+// Zombie kills a child started with StartUnreaped (SIGKILL) and waits
+// until the kernel reports it a zombie: exited, not reaped.
+func (p *Peer) Zombie() {
+	p.t.Helper()
+	_ = p.cmd.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.State() != 'Z' {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("test peer %d is not a zombie 10 s after SIGKILL (state %q)", p.Pid, p.State())
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Continue resumes a stopped child (SIGCONT).
@@ -456,6 +503,7 @@ func (p *Peer) Continue() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
 // Kill kills the child (SIGKILL) and waits for it to be gone.
 func (p *Peer) Kill() {
 	_ = p.cmd.Process.Kill()
+	p.reap()
 	select {
 	case <-p.waitc:
 		p.waitc <- nil
@@ -480,6 +528,7 @@ func (p *Peer) Close() {
 	b, _ := json.Marshal(request{Cmd: "exit"})
 	_, _ = p.in.Write(append(b, '\n'))
 	_ = p.in.Close()
+	p.reap()
 	select {
 	case <-p.waitc:
 		p.waitc <- nil

@@ -1,0 +1,61 @@
+package transport
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// procState is a process's state letter from /proc/PID/stat, or 0.
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
+		return s[i+2]
+	}
+	return 0
+}
+
+// TestProcessGone: a live process is not gone; a zombie (exited, not
+// reaped), which kill(pid, 0) still finds, is; so is a reaped one.
+func TestProcessGone(t *testing.T) {
+	gone, why := processGone(os.Getpid())
+	assert.False(t, gone, why)
+	gone, _ = processGone(0)
+	assert.False(t, gone, "no pid: nothing to say")
+
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Start())
+	pid := cmd.Process.Pid
+	reaped := false
+	t.Cleanup(func() {
+		if !reaped {
+			_ = cmd.Wait()
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for procState(pid) != 'Z' {
+		require.True(t, time.Now().Before(deadline), "%d did not become a zombie (state %q)", pid, procState(pid))
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, unix.Kill(pid, 0), "kill(pid, 0) finds the zombie: it cannot tell")
+	gone, why = processGone(pid)
+	assert.True(t, gone, "a zombie is gone")
+	assert.Contains(t, why, "zombie")
+
+	require.NoError(t, cmd.Wait())
+	reaped = true
+	gone, why = processGone(pid)
+	assert.True(t, gone, "a reaped process is gone")
+	assert.Contains(t, why, "no longer exists")
+}
