@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
@@ -164,6 +165,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 				}
 			}
 			attempted += j.Attempted
+			first := len(errs)
 			for _, e := range j.Errs {
 				errs = append(errs, e)
 				var te *completion.TimeoutError
@@ -173,7 +175,9 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			}
 			if o.b.provider == "tcp;ofi_rxm" {
 				if why := tcpExplain(j, o.ep.name); why != nil {
-					errs = append(errs, why) // not a chunk: the explanation, which leads the error
+					// Not a chunk: the explanation, ahead of the job's
+					// errors so that the message leads with it.
+					errs = slices.Insert(errs, first, why)
 				}
 			}
 			if err := m.nextPart(o, lim); err != nil {
