@@ -26,7 +26,7 @@ export CGO_LDFLAGS += $(if $(LIBFABRIC_LIBDIR),-Wl$(comma)-rpath$(comma)$(LIBFAB
 export CGO_CPPFLAGS += $(if $(LIBFABRIC_LIBDIR),-DFT_LIBFABRIC_ID=$(LIBFABRIC_ID))
 comma := ,
 
-.PHONY: deps build test vet demo bench soak fuzz libfabric2 clean
+.PHONY: deps build test vet demo bench soak integrity fuzz libfabric2 clean
 
 LIBFABRIC         ?= 1
 LIBFABRIC2_PREFIX ?= /opt/fitransfer/libfabric-2.1.0
@@ -82,6 +82,12 @@ SOAK     ?= 60s
 FUZZTIME ?= 60s
 soak: deps
 	$(GO) test -count=1 -timeout 30m -run 'TestSoak|TestChurn' -v ./test -args -soak=$(SOAK) -churn=100000
+
+# TestIntegrity for INTEGRITY_OPS random ops (make test runs it for 30 s):
+# every nil checked byte for byte, every error against the vocabulary.
+INTEGRITY_OPS ?= 1000000
+integrity: deps
+	$(GO) test -count=1 -timeout 6h -run '^TestIntegrity$$' -v ./test -args -integrity.ops=$(INTEGRITY_OPS)
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshalBinary$$' -fuzztime $(FUZZTIME) ./transport

@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/completion"
-	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -241,28 +240,23 @@ func integritySeed(t *testing.T) uint64 {
 // an error the library does not document for that op. Kept in one place
 // so that it can move to the ErrPeerGone/ErrTimeout sentinels.
 func classify(err error) string {
-	var gone *completion.PeerGoneError
-	var timeout *completion.TimeoutError
 	switch {
 	case err == nil:
 		return "ok"
 	case errors.Is(err, transport.ErrStaleHandle), errors.Is(err, transport.ErrBadHandle):
 		return "stale"
-	case errors.Is(err, transport.ErrAccessDenied), errors.Is(err, fabric.ErrAccess), errors.Is(err, fabric.ErrKeyRejected):
+	case errors.Is(err, transport.ErrAccessDenied):
 		return "access"
 	case errors.Is(err, transport.ErrOutOfRange), errors.Is(err, transport.ErrTooSmall):
 		return "range"
 	case errors.Is(err, transport.ErrBufferClosed), errors.Is(err, transport.ErrClosed):
 		return "closed"
-	case errors.As(err, &timeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case errors.Is(err, transport.ErrTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return "timeout"
-	case errors.As(err, &gone), errors.Is(err, fabric.ErrNotConn), errors.Is(err, fabric.ErrConnReset),
-		errors.Is(err, fabric.ErrConnAborted), errors.Is(err, fabric.ErrConnRefused),
-		errors.Is(err, fabric.ErrHostUnreach), errors.Is(err, fabric.ErrHostDown),
-		// tcp;ofi_rxm cancels the ops of a connection it drops (after a
-		// refused key, say): "the connection to the peer is gone".
-		errors.Is(err, fabric.ErrCanceled):
+	case errors.Is(err, transport.ErrPeerGone):
 		return "peer-gone"
+	case transport.Retryable(err):
+		return "retryable"
 	}
 	return "other"
 }
@@ -902,6 +896,10 @@ func (w *worker) outcome(o *op, err error, mustFail bool) {
 	switch {
 	case err == nil && mustFail:
 		w.violate(o, "returned nil; it must fail")
+	case err == nil && o.dl.ended:
+		w.violate(o, "returned nil with a context that had ended before the call: it must fail before anything moves")
+	case err != nil && o.dl.ended && class != "timeout" && !mustFail:
+		w.violate(o, "with a context that had ended before the call, the error is not the context's: %v", err)
 	case err != nil && !mustFail && class == "other" && !o.expired():
 		w.violate(o, "error outside the documented classes before its deadline: %v", err)
 	}
