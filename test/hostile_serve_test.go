@@ -181,3 +181,51 @@ func TestServeIsNoConfusedDeputy(t *testing.T) {
 	out, err := exec.Command(fitransferBin, "read", addr, "-S", "4k", "-I", "10", "-v").CombinedOutput()
 	require.NoError(t, err, string(out))
 }
+
+// TestServeOutlivesDyingClients: a client killed in the middle of its
+// transfers, on any route, costs serve that client's session only — the
+// next client on every route is served. (A -p shm client killed while it
+// held serve's shm region lock once left serve's shm endpoint spinning
+// inside libfabric, and every later registration, on every route, failed.)
+func TestServeOutlivesDyingClients(t *testing.T) {
+	addr := startLocalServer(t, "--size", "64m")
+	routes := []string{"shm", "tcp"}
+	if ok, _ := transport.CMAAvailable(); ok {
+		routes = append(routes, "cma")
+	}
+	for _, victim := range routes {
+		for _, op := range []string{"read", "write"} {
+			cmd := exec.Command(fitransferBin, op, addr, "-p", victim, "-S", "64m", "-I", "1000000")
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			connected := make(chan struct{})
+			go func() {
+				sc := bufio.NewScanner(stderr)
+				once := false
+				for sc.Scan() {
+					if !once && strings.Contains(sc.Text(), " peer ") {
+						once = true
+						close(connected)
+					}
+				}
+			}()
+			select {
+			case <-connected:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("the %s client did not connect", victim)
+			}
+			// The kill lands in the middle of the run: when it lands is the
+			// fault's timing, not a readiness signal; every outcome of it
+			// must leave serve serving.
+			time.Sleep(300 * time.Millisecond)
+			require.NoError(t, cmd.Process.Kill())
+			_ = cmd.Wait()
+			for _, next := range routes {
+				out, err := exec.Command(fitransferBin, "write", addr, "-p", next, "-S", "1m", "-I", "5", "-v", "--timeout", "30s").CombinedOutput()
+				require.NoError(t, err, "a %s client after a %s %s client was killed: %s", next, victim, op, out)
+			}
+		}
+	}
+}
