@@ -59,16 +59,6 @@ func readTrim(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// EnvTruthy reports whether a libfabric boolean variable is set to true
-// (1, on, true, yes — libfabric's fi_param_get_bool spellings).
-func EnvTruthy(name string) bool {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
-	case "1", "on", "true", "yes", "y":
-		return true
-	}
-	return false
-}
-
 // AbortTrapError says that calling into the efa provider would abort the
 // process, and how to avoid it.
 type AbortTrapError struct {
