@@ -186,7 +186,7 @@ func checkAbortTrap(rt fabric.Version, gateErr error) Check {
 		// efa_rdm_get_use_device_rdma aborts on such a value
 		// (efa_rdm_util.c@v2.1.0:54-60): efa endpoints are not opened.
 		c.Status = Warn
-		c.Detail += "; opening an efa endpoint would abort(), so fitransfer does not use the efa fabric"
+		c.Detail += "; on an EFA device, opening an efa endpoint aborts with such a value, so fitransfer's probe child finds that out and the efa fabric is not used"
 		c.Fix = "set " + fabric.EnvUseDeviceRDMA + " to one of 0/1/false/true/no/yes/off/on, or unset it"
 	}
 	return c

@@ -128,7 +128,7 @@ func TestAbortTrapCheck(t *testing.T) {
 	t.Setenv(fabric.EnvUseDeviceRDMA, "y")
 	c = checkAbortTrap(v21, nil)
 	assert.Equal(t, Warn, c.Status)
-	assert.Contains(t, c.Detail, "would abort()")
+	assert.Contains(t, c.Detail, "opening an efa endpoint aborts")
 
 	t.Setenv(fabric.EnvUseDeviceRDMA, "1")
 	assert.Equal(t, Pass, checkAbortTrap(v117, nil).Status)
