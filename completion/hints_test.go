@@ -25,7 +25,7 @@ func TestEFAHints(t *testing.T) {
 	}{
 		{1, fabric.ErrCanceled, []string{"endpoint was destroyed", "not the cause"}},
 		{2, fabric.ErrInval, []string{"internal error", "dmesg"}},
-		{3, fabric.ErrInval, []string{"does not support", "FI_EFA_USE_DEVICE_RDMA=1"}},
+		{3, fabric.ErrInval, []string{"does not support", "rdma-core", "both sides report RDMA write"}},
 		{4, fabric.ErrInval, []string{"address entry", "AddPeer"}},
 		{5, fabric.ErrInval, []string{"local buffer", "do not close a local Buffer"}},
 		{6, fabric.ErrMsgSize, []string{"longer than the device allows", "WithChunkSize"}},
@@ -40,7 +40,7 @@ func TestEFAHints(t *testing.T) {
 		{15, fabric.ErrHostUnreach, []string{"never got an answer", "self-referencing", "one subnet"}},
 		{18, fabric.ErrInval, []string{"feature", "same libfabric and rdma-core"}},
 		{4096, fabric.ErrOther, []string{"Unspecified", "FI_LOG_LEVEL=warn"}},
-		{4105, fabric.ErrNoMem, []string{"allocate memory", "ulimit -l"}},
+		{4105, fabric.Errno(105), []string{"reorder buffer", "FI_ENOBUFS", "host memory"}}, // 105: FI_ENOBUFS
 		{4110, fabric.ErrOther, []string{"could not insert", "address vector is not full"}},
 		{4111, fabric.ErrOther, []string{"At the target", "times out", "fresh, correct handle"}},
 		{4112, fabric.ErrOther, []string{"internal receive buffers", "ulimit -l unlimited"}},
@@ -134,7 +134,8 @@ func TestHintPrecedence(t *testing.T) {
 }
 
 // TestHintsMatchDocs keeps the table and docs/EFA.md's "Error hints"
-// table in step: the same prov_errno and fi_errno numbers in both.
+// table in step: the same prov_errno and fi_errno numbers in both, and for
+// each number the same source, which names a libfabric tag and line.
 func TestHintsMatchDocs(t *testing.T) {
 	b, err := os.ReadFile("../docs/EFA.md")
 	require.NoError(t, err)
@@ -174,6 +175,34 @@ func TestHintsMatchDocs(t *testing.T) {
 	sort.Ints(codeErrno)
 	assert.Equal(t, docProv, codeProv, "efa prov_errno rows: docs/EFA.md vs completion/hints.go")
 	assert.Equal(t, docErrno, codeErrno, "fi_errno rows: docs/EFA.md vs completion/hints.go")
+
+	// The last cell of a row is its source: `path@tag:line` entries.
+	docSource := map[string]string{}
+	for _, line := range regexp.MustCompile("(?m)^\\| (\\d+ `|fi_errno ).*").FindAllString(section, -1) {
+		cells := strings.Split(strings.TrimSuffix(line, "|"), "|")
+		src := strings.ReplaceAll(strings.TrimSpace(cells[len(cells)-1]), "`", "")
+		if m := provRow.FindStringSubmatch(line); m != nil {
+			docSource["prov "+m[1]] = src
+			continue
+		}
+		for i, m := range errnoNum.FindAllStringSubmatch(cells[1], -1) {
+			docSource["errno "+m[1]] = strings.Split(src, "; ")[i]
+		}
+	}
+	entry := regexp.MustCompile(`^[a-z0-9_./]+@v\d+\.\d+\.\d+:\d+(-\d+)?$`)
+	check := func(key string, r HintRow) {
+		require.NotEmpty(t, r.Source, key)
+		for _, e := range strings.Split(r.Source, "; ") {
+			assert.Regexp(t, entry, e, "%s: source entries are path@tag:line", key)
+		}
+		assert.Equal(t, r.Source, docSource[key], "%s: source in docs/EFA.md vs completion/hints.go", key)
+	}
+	for _, r := range efaHints {
+		check("prov "+strconv.Itoa(r.ProvErrno), r)
+	}
+	for _, r := range errnoHints {
+		check("errno "+strconv.Itoa(int(r.Errno)), r)
+	}
 }
 
 func TestHintRowString(t *testing.T) {

@@ -1,25 +1,24 @@
 package fabric
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 )
 
 // SysfsRoot is where EFADevices looks for /sys; tests point it elsewhere.
 const SysfsRoot = "/sys"
 
-// EFADevice is an EFA device as sysfs shows it.
+// EFADevice is an EFA device as sysfs shows it. It is shown to users (the
+// doctor, `fitransfer info`) and decides nothing: what a device can do is
+// libfabric's answer — the efa-direct fabric's caps, fi_getopt on an
+// endpoint, or whether a probe child survived (EFAGetInfoGate,
+// ProbeDeviceRMA). libfabric itself tests capability bits of the device,
+// not its PCI id (prov/efa/src/efa_device.c@v2.1.0:244-249).
 type EFADevice struct {
 	Name      string `json:"name"`       // RDMA device name, e.g. "rdmap16s27"
-	PCIDevice string `json:"pci_device"` // PCI device id, e.g. "0xefa1"
-	// ReadLikely is a guess from the PCI id, used only where libfabric
-	// cannot be asked safely: first-generation devices (0xefa0) have no
-	// RDMA read, later ones do. Not verified against every instance type.
-	ReadLikely Tristate `json:"read_likely"`
+	PCIDevice string `json:"pci_device"` // PCI device id, e.g. "0xefa0"
 }
 
 // EFADevices lists the EFA devices under root/class/infiniband (vendor
@@ -41,11 +40,7 @@ func EFADevices(root string) ([]EFADevice, error) {
 		if vendor != "0x1d0f" || !strings.HasPrefix(id, "0xefa") {
 			continue
 		}
-		d := EFADevice{Name: e.Name(), PCIDevice: id, ReadLikely: Yes}
-		if id == "0xefa0" {
-			d.ReadLikely = No
-		}
-		out = append(out, d)
+		out = append(out, EFADevice{Name: e.Name(), PCIDevice: id})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -57,52 +52,4 @@ func readTrim(path string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// EnvTruthy reports whether a libfabric boolean variable is set to true
-// (1, on, true, yes — libfabric's fi_param_get_bool spellings).
-func EnvTruthy(name string) bool {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
-	case "1", "on", "true", "yes", "y":
-		return true
-	}
-	return false
-}
-
-// AbortTrapError says that calling into the efa provider would abort the
-// process, and how to avoid it.
-type AbortTrapError struct {
-	Device string
-}
-
-func (e *AbortTrapError) Error() string {
-	return fmt.Sprintf("FI_EFA_USE_DEVICE_RDMA is set but EFA device %s (first generation) has no RDMA read: "+
-		"the efa provider would abort() the process; unset FI_EFA_USE_DEVICE_RDMA", e.Device)
-}
-
-var abortTrap struct {
-	once sync.Once
-	err  error
-}
-
-// EFAAbortTrap reports (once per process) whether FI_EFA_USE_DEVICE_RDMA
-// is set on a device without RDMA read. libfabric 1.17 aborts in efa's
-// provider init (the first fi_getinfo), 1.18+ when an efa endpoint or
-// domain is opened; fitransfer checks before either.
-func EFAAbortTrap() error {
-	abortTrap.once.Do(func() { abortTrap.err = efaAbortTrapAt(SysfsRoot) })
-	return abortTrap.err
-}
-
-func efaAbortTrapAt(root string) error {
-	if !EnvTruthy("FI_EFA_USE_DEVICE_RDMA") {
-		return nil
-	}
-	devs, _ := EFADevices(root)
-	for _, d := range devs {
-		if d.ReadLikely == No {
-			return &AbortTrapError{Device: d.Name}
-		}
-	}
-	return nil
 }

@@ -98,8 +98,13 @@ func unwrapCall(err error) error {
 // GetInfo runs fi_getinfo and returns every fi_info as a Go value, in the
 // provider's order.
 func GetInfo(q Query) ([]Info, error) {
-	if err := EFAAbortTrap(); err != nil {
+	if err := EFAGetInfoGate(); err != nil {
 		return nil, err
+	}
+	if q.Hints != nil && q.Hints.Caps&CapHMEM != 0 {
+		if err := efaHMEMGate(); err != nil {
+			return nil, err
+		}
 	}
 	v := q.Version
 	if v == 0 {

@@ -85,18 +85,27 @@ func (t Tristate) String() string {
 	return "unknown"
 }
 
-// DeviceRMA is whether an EFA device does RDMA read and write itself. It
+// DeviceRMA is whether RMA read and write on an endpoint of an EFA domain
+// run on the device (Yes) or are emulated by the provider (No). It
+// describes the endpoint, whose use_device_rdma may be off on hardware
+// that has RDMA (efa_rdm_ep.h@v2.1.0:320-345), not the hardware alone. It
 // comes from fi_getopt(FI_OPT_EFA_EMULATED_READ/WRITE) on API 1.18+, from
-// the efa-direct fabric on 2.1+, or from synthetic data in tests.
+// the efa-direct fabric's FI_RMA on 2.1+, or from libfabric 1.17's
+// setting (see ProbeDeviceRMA).
 type DeviceRMA struct {
 	Read  Tristate `json:"read"`
 	Write Tristate `json:"write"`
 }
 
-// Facts are what Select knows beyond the infos: per EFA domain name, the
-// device RMA support (probed; see ProbeDeviceRMA).
+// Facts are what Select knows beyond the infos: per EFA domain name, where
+// RMA runs (see ProbeDeviceRMA), and whether opening an endpoint of the efa
+// fabric would abort() the process.
 type Facts struct {
 	DeviceRMA map[string]DeviceRMA
+	// EFAEndpoint, when set, says why endpoints of the efa fabric must not
+	// be opened: an *AbortTrapError (a probe child aborted) or a
+	// *ProbeError (it could not tell). Select then passes over efa.
+	EFAEndpoint error
 }
 
 // Choice is the backend Select picked, the fi_info to open it with, and why.
@@ -168,6 +177,10 @@ func Select(infos []Info, loc Locality, policy RMAPolicy, facts Facts) (Choice, 
 		if !isEFARDM(in) {
 			continue
 		}
+		if facts.EFAEndpoint != nil {
+			skipped = append(skipped, "efa: "+facts.EFAEndpoint.Error())
+			break
+		}
 		rma := facts.DeviceRMA[in.Domain.Name]
 		emulated := emulatedOps(rma)
 		if len(emulated) == 0 {
@@ -216,19 +229,24 @@ func emulatedOps(r DeviceRMA) []string {
 	return out
 }
 
-// deviceClass names the device situation in words users search for.
+// deviceClass says where RMA runs on the endpoint, in words users search
+// for. It names what the endpoint reports, not the hardware: an endpoint
+// emulates both when its use_device_rdma is off, which the variable can do
+// on hardware with RDMA (efa_rdm_ep.h@v2.1.0:320-345).
 func deviceClass(r DeviceRMA) string {
 	switch {
 	case r.Read == Yes && r.Write == No:
-		return "device has RDMA read but not write (P4d-class)"
+		return "RDMA read on the device, write emulated (P4d-class: the device or this libfabric has no device RDMA write)"
 	case r.Read == No && r.Write == No:
-		return "device has neither RDMA read nor write (first-generation EFA)"
-	case r.Read == No:
-		return "device has no RDMA read"
+		return "read and write emulated: device RDMA is off on this endpoint (" + EnvUseDeviceRDMA + " off, or no RDMA read on the device)"
+	case r.Read == No && r.Write == Yes:
+		return "read emulated, write on the device"
 	case r.Read == Unknown && r.Write == Unknown:
 		return "cannot tell whether RMA runs on the device (needs libfabric API 1.18+ for FI_OPT_EFA_EMULATED_READ/WRITE)"
+	case r.Read == Unknown && r.Write == No:
+		return "write emulated (libfabric 1.17 has no device RDMA write); cannot tell whether read runs on the device (libfabric API 1.18+ can)"
 	}
-	return fmt.Sprintf("device RDMA read %s, write %s", r.Read, r.Write)
+	return fmt.Sprintf("RDMA read on the device: %s, write: %s", r.Read, r.Write)
 }
 
 func isSHM(in *Info) bool { return in.Fabric.ProvName == "shm" }

@@ -9,64 +9,67 @@ import (
 	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
-// synth builds an fi_info the way a provider reports it, with the fields
-// Select reads.
-func synth(prov, fabricName, domain string, ep EPType, caps Caps) Info {
+// Machines, from recorded fi_info outputs (testdata/fi_info, each file
+// names its source): the EFA infos of a p4d.24xlarge (libfabric 1.22) and
+// a p5.48xlarge (libfabric 2.0), next to shm and tcp;ofi_rxm as libfabric
+// 2.1 reports them on this project's machine.
+type machine struct {
+	efa   []Info
+	local []Info // shm, tcp;ofi_rxm
+}
+
+func (m machine) infos() []Info { return append(append([]Info(nil), m.efa...), m.local...) }
+
+func localInfos(t testing.TB) []Info {
+	return append(fixture(t, "local_shm_rdm_v_2.1.txt"), fixture(t, "local_tcp_ofi_rxm_rdm_v_2.1.txt")...)
+}
+
+// p5Machine: the p5 output is verbose, so its infos carry their caps.
+func p5Machine(t testing.TB) machine {
+	return machine{efa: fixture(t, "p5.48xlarge_efa_v_2.0.txt"), local: localInfos(t)}
+}
+
+// p4dMachine: the p4d output is the short form, without caps. The efa
+// fabric's RDM info gets the same caps on every device:
+// efa_prov_info_alloc_for_rdm adds the RMA caps whatever the device can do
+// (prov/efa/src/efa_prov_info.c@v2.1.0:550-565), which the p5 output shows.
+// The caps are taken from there.
+func p4dMachine(t testing.TB) machine {
+	efa := fixture(t, "p4d.24xlarge_efa_rdm_1.22.txt")
+	caps := fixture(t, "p5.48xlarge_efa_v_2.0.txt")[0].Caps
+	for i := range efa {
+		efa[i].Caps = caps
+	}
+	return machine{efa: efa, local: localInfos(t)}
+}
+
+// efaDirect is an efa-direct info for libfabric 2.1+, whose FI_RMA depends
+// on the device (efa_prov_info.c@v2.1.0:470-479). No published fi_info
+// output of efa-direct with its caps was found, so it is built here.
+func efaDirect(domain string, rma bool) Info {
 	var i Info
-	i.Caps = caps
-	i.EP.Type = ep
-	i.Fabric.ProvName = prov
-	i.Fabric.Name = fabricName
+	i.Caps = CapMsg | ofi.CapSend | ofi.CapRecv | CapLocalComm | CapRemoteComm
+	if rma {
+		i.Caps |= RMACaps
+	}
+	i.EP.Type = EPRDM
+	i.Fabric.ProvName, i.Fabric.Name = "efa", "efa-direct"
 	i.Domain.Name = domain
 	return i
 }
 
-const efaMsgCaps = CapMsg | ofi.CapSend | ofi.CapRecv | CapLocalComm | CapRemoteComm
-
-var (
-	shmInfo = synth("shm", "shm", "shm", EPRDM, RMACaps|CapLocalComm)
-	tcpInfo = synth("tcp;ofi_rxm", "172.31.0.0/20", "ens32", EPRDM, RMACaps|CapLocalComm|CapRemoteComm)
-	// The shape of fi_getinfo's answer on each machine kind, modelled on
-	// libfabric 2.1's efa_prov_info.c: efa-direct claims FI_RMA only when
-	// the device has RDMA read, write and unsolicited write; the efa
-	// (RDM protocol) fabric always claims FI_RMA.
-	p5 = []Info{
-		synth("efa", "efa-direct", "rdmap85s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa", "rdmap85s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa", "rdmap85s0-dgrm", ofi.EPDgram, efaMsgCaps),
-		shmInfo, tcpInfo,
-	}
-	p5en = []Info{ // several devices; the first one is picked
-		synth("efa", "efa-direct", "rdmap79s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa-direct", "rdmap80s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa", "rdmap79s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa", "rdmap80s0-rdm", EPRDM, efaMsgCaps|RMACaps),
-		shmInfo, tcpInfo,
-	}
-	p4d = []Info{
-		synth("efa", "efa-direct", "rdmap16s27-rdm", EPRDM, efaMsgCaps), // no FI_RMA: no RDMA write
-		synth("efa", "efa", "rdmap16s27-rdm", EPRDM, efaMsgCaps|RMACaps),
-		synth("efa", "efa", "rdmap16s27-dgrm", ofi.EPDgram, efaMsgCaps),
-		shmInfo, tcpInfo,
-	}
-	p4dOld = []Info{ // libfabric before efa-direct (< 2.1)
-		synth("efa", "EFA-fe80::4b0:12ff:fe34:5678", "rdmap16s27-rdm", EPRDM, efaMsgCaps|RMACaps),
-		shmInfo, tcpInfo,
-	}
-	noEFA = []Info{shmInfo, tcpInfo, synth("tcp", "172.31.0.0/20", "ens32", ofi.EPMsg, RMACaps)}
-	noSHM = []Info{tcpInfo}
-	none  = []Info{synth("udp;ofi_rxd", "udp", "lo", EPRDM, CapMsg)}
-)
-
-var (
-	p5Facts    = Facts{DeviceRMA: map[string]DeviceRMA{"rdmap85s0-rdm": {Read: Yes, Write: Yes}}}
-	p5enFacts  = Facts{DeviceRMA: map[string]DeviceRMA{"rdmap79s0-rdm": {Read: Yes, Write: Yes}, "rdmap80s0-rdm": {Read: Yes, Write: Yes}}}
-	p4dFacts   = Facts{DeviceRMA: map[string]DeviceRMA{"rdmap16s27-rdm": {Read: Yes, Write: No}}}
-	gen1Facts  = Facts{DeviceRMA: map[string]DeviceRMA{"rdmap16s27-rdm": {Read: No, Write: No}}}
-	unknownRMA = Facts{}
-)
-
 func TestSelect(t *testing.T) {
+	p5, p4d := p5Machine(t), p4dMachine(t)
+	local := localInfos(t)
+	tcpFabric := local[len(local)-1].Fabric.Name // every tcp info here is 192.0.2.0/24
+	p5Facts := Facts{DeviceRMA: map[string]DeviceRMA{"rdmap79s0-rdm": {Read: Yes, Write: Yes}}}
+	// What fi_getopt answers on p4d's devices: use_device_rdma is on
+	// (the device has RDMA read) and there is no RDMA write.
+	p4dFacts := Facts{DeviceRMA: map[string]DeviceRMA{"rdmap16s27-rdm": {Read: Yes, Write: No}, "rdmap32s27-rdm": {Read: Yes, Write: No}}}
+	offFacts := Facts{DeviceRMA: map[string]DeviceRMA{"rdmap16s27-rdm": {Read: No, Write: No}}}
+	p5Direct := append([]Info{efaDirect("rdmap79s0-rdm", true)}, p5.infos()...)
+	p4dDirect := append([]Info{efaDirect("rdmap16s27-rdm", false)}, p4d.infos()...)
+
 	tests := []struct {
 		name         string
 		infos        []Info
@@ -79,28 +82,29 @@ func TestSelect(t *testing.T) {
 		wantEmulated []string
 		wantReason   string // substring
 	}{
-		{"same process is a copy", p5, SameProcess, RequireDeviceRMA, p5Facts, BackendMemcpy, "", "", nil, "memcpy"},
-		{"P5 remote uses efa-direct", p5, Remote, RequireDeviceRMA, p5Facts, BackendEFADirect, "rdmap85s0-rdm", "efa-direct", nil, "device does RDMA read and write"},
-		{"P5 same node uses shm", p5, SameNode, RequireDeviceRMA, p5Facts, BackendSHM, "shm", "shm", nil, "shm: peer is on this node"},
-		{"P5en picks its first device", p5en, Remote, RequireDeviceRMA, p5enFacts, BackendEFADirect, "rdmap79s0-rdm", "efa-direct", nil, "efa-direct"},
-		{"P5 without efa-direct uses efa device RMA", p5[1:], Remote, RequireDeviceRMA, p5Facts, BackendEFA, "rdmap85s0-rdm", "efa", nil, "efa: device does RDMA read and write"},
-		{"P4d falls back to tcp by default", p4d, Remote, RequireDeviceRMA, p4dFacts, BackendTCP, "ens32", "172.31.0.0/20", nil,
-			"efa: device has RDMA read but not write (P4d-class); emulated RMA not allowed (policy require-device); using tcp;ofi_rxm"},
-		{"P4d with emulation allowed uses efa, writes emulated", p4d, Remote, AllowEmulatedRMA, p4dFacts, BackendEFA, "rdmap16s27-rdm", "efa", []string{"write"},
-			"device has RDMA read but not write (P4d-class); using efa with write emulated"},
-		{"P4d same node still uses shm", p4d, SameNode, RequireDeviceRMA, p4dFacts, BackendSHM, "shm", "shm", nil, "shm"},
-		{"first-generation EFA emulates both", p4d, Remote, AllowEmulatedRMA, gen1Facts, BackendEFA, "rdmap16s27-rdm", "efa", []string{"read", "write"}, "neither RDMA read nor write"},
-		{"old libfabric cannot tell: tcp", p4dOld, Remote, RequireDeviceRMA, unknownRMA, BackendTCP, "ens32", "172.31.0.0/20", nil, "cannot tell whether RMA runs on the device"},
-		{"old libfabric cannot tell, emulation allowed: efa", p4dOld, Remote, AllowEmulatedRMA, unknownRMA, BackendEFA, "rdmap16s27-rdm", "EFA-fe80::4b0:12ff:fe34:5678", []string{"read", "write"}, "using efa with read and write emulated"},
-		{"no EFA remote is tcp", noEFA, Remote, RequireDeviceRMA, Facts{}, BackendTCP, "ens32", "172.31.0.0/20", nil, "no RDMA provider"},
-		{"no EFA same node is shm", noEFA, SameNode, RequireDeviceRMA, Facts{}, BackendSHM, "shm", "shm", nil, "shm"},
-		{"no shm same node is tcp", noSHM, SameNode, RequireDeviceRMA, Facts{}, BackendTCP, "ens32", "172.31.0.0/20", nil, "shm: not available; using tcp;ofi_rxm"},
+		{"same process is a copy", p5.infos(), SameProcess, RequireDeviceRMA, p5Facts, BackendMemcpy, "", "", nil, "memcpy"},
+		{"P5 remote uses efa device RMA", p5.infos(), Remote, RequireDeviceRMA, p5Facts, BackendEFA, "rdmap79s0-rdm", "efa", nil, "efa: device does RDMA read and write"},
+		{"P5 same node uses shm", p5.infos(), SameNode, RequireDeviceRMA, p5Facts, BackendSHM, "shm", "shm", nil, "shm: peer is on this node"},
+		{"P5 with efa-direct (2.1+) uses it", p5Direct, Remote, RequireDeviceRMA, p5Facts, BackendEFADirect, "rdmap79s0-rdm", "efa-direct", nil, "device does RDMA read and write"},
+		{"P4d falls back to tcp by default", p4d.infos(), Remote, RequireDeviceRMA, p4dFacts, BackendTCP, "eth0", tcpFabric, nil,
+			"efa: RDMA read on the device, write emulated (P4d-class: the device or this libfabric has no device RDMA write); emulated RMA not allowed (policy require-device); using tcp;ofi_rxm"},
+		{"P4d with emulation allowed uses efa, writes emulated", p4d.infos(), Remote, AllowEmulatedRMA, p4dFacts, BackendEFA, "rdmap16s27-rdm", "efa", []string{"write"},
+			"RDMA read on the device, write emulated (P4d-class: the device or this libfabric has no device RDMA write); using efa with write emulated"},
+		{"P4d efa-direct without FI_RMA is passed over", p4dDirect, Remote, AllowEmulatedRMA, p4dFacts, BackendEFA, "rdmap16s27-rdm", "efa", []string{"write"}, "write emulated"},
+		{"P4d same node still uses shm", p4d.infos(), SameNode, RequireDeviceRMA, p4dFacts, BackendSHM, "shm", "shm", nil, "shm"},
+		{"device RDMA off on the endpoint emulates both", p4d.infos(), Remote, AllowEmulatedRMA, offFacts, BackendEFA, "rdmap16s27-rdm", "efa", []string{"read", "write"},
+			"read and write emulated: device RDMA is off on this endpoint (FI_EFA_USE_DEVICE_RDMA off, or no RDMA read on the device)"},
+		{"cannot tell: tcp", p4d.infos(), Remote, RequireDeviceRMA, Facts{}, BackendTCP, "eth0", tcpFabric, nil, "cannot tell whether RMA runs on the device"},
+		{"cannot tell, emulation allowed: efa", p4d.infos(), Remote, AllowEmulatedRMA, Facts{}, BackendEFA, "rdmap16s27-rdm", "efa", []string{"read", "write"}, "using efa with read and write emulated"},
+		{"no EFA remote is tcp", local, Remote, RequireDeviceRMA, Facts{}, BackendTCP, "eth0", tcpFabric, nil, "no RDMA provider"},
+		{"no EFA same node is shm", local, SameNode, RequireDeviceRMA, Facts{}, BackendSHM, "shm", "shm", nil, "shm"},
+		{"no shm same node is tcp", fixture(t, "local_tcp_ofi_rxm_rdm_v_2.1.txt"), SameNode, RequireDeviceRMA, Facts{}, BackendTCP, "eth0", tcpFabric, nil, "shm: not available; using tcp;ofi_rxm"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := Select(tt.infos, tt.loc, tt.policy, tt.facts)
 			require.NoError(t, err)
-			assert.Equal(t, tt.wantBackend, c.Backend)
+			assert.Equal(t, tt.wantBackend, c.Backend, c.Reason)
 			assert.Equal(t, tt.wantEmulated, c.Emulated)
 			assert.Contains(t, c.Reason, tt.wantReason)
 			if tt.wantBackend == BackendMemcpy {
@@ -115,6 +119,7 @@ func TestSelect(t *testing.T) {
 }
 
 func TestSelectNothingUsable(t *testing.T) {
+	none := []Info{{EP: EPAttr{Type: EPRDM}, Caps: CapMsg, Fabric: FabricAttr{ProvName: "udp;ofi_rxd", Name: "udp"}}}
 	for _, loc := range []Locality{SameNode, Remote} {
 		_, err := Select(none, loc, RequireDeviceRMA, Facts{})
 		var nb *NoBackendError

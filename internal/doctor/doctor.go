@@ -91,12 +91,12 @@ func Run(o Options) Report {
 
 	devs, err := fabric.EFADevices(o.SysfsRoot)
 	r.EFA = devs
-	trap := checkAbortTrap(devs)
+	trap := checkAbortTrap(ofi.RuntimeVersion(), fabric.EFAGetInfoGate())
 	add(trap)
 	if trap.Status == Fail {
-		// Any fi_getinfo may abort the process (1.17 aborts in provider
-		// init): stop before calling into libfabric.
-		r.Verdict = "no transfer can work until FI_EFA_USE_DEVICE_RDMA is unset"
+		// fi_getinfo would abort this process (libfabric 1.17 reads the
+		// variable in the efa provider's init): stop before calling it.
+		r.Verdict = "no transfer can work until " + fabric.EnvUseDeviceRDMA + " is changed: " + trap.Fix
 		return r
 	}
 
@@ -165,14 +165,29 @@ func checkVersion(v fabric.Versions, h ofi.HeadersHave) Check {
 	return c
 }
 
-func checkAbortTrap(devs []fabric.EFADevice) Check {
-	c := Check{Name: "efa-use-device-rdma", Status: Pass, Detail: "FI_EFA_USE_DEVICE_RDMA not set"}
-	if v, ok := os.LookupEnv("FI_EFA_USE_DEVICE_RDMA"); ok {
-		c.Detail = "FI_EFA_USE_DEVICE_RDMA=" + v
-	}
-	if err := fabric.EFAAbortTrap(); err != nil {
-		c.Status, c.Detail = Fail, err.Error()
-		c.Fix = "unset FI_EFA_USE_DEVICE_RDMA (this device cannot do RDMA read; the provider emulates it)"
+// checkAbortTrap reports FI_EFA_USE_DEVICE_RDMA as this libfabric reads
+// it, and whether fi_getinfo would abort() (gateErr, from
+// fabric.EFAGetInfoGate: a probe child made the call).
+func checkAbortTrap(rt fabric.Version, gateErr error) Check {
+	s := fabric.ReadDeviceRDMASetting(rt)
+	c := Check{Name: "efa-use-device-rdma", Status: Pass, Detail: s.String()}
+	var trap *fabric.AbortTrapError
+	switch {
+	case errors.As(gateErr, &trap):
+		c.Status, c.Detail, c.Fix = Fail, gateErr.Error(), trap.Fix()
+	case gateErr != nil:
+		c.Status, c.Detail = Fail, gateErr.Error()
+		c.Fix = "unset " + fabric.EnvUseDeviceRDMA + ", or run where the probe child can start (it re-runs this binary)"
+	case s.Set && s.Integer && !s.On && s.Raw != "0":
+		// strtol reads "true" or "yes" as 0 (src/var.c@v1.17.0:290-291).
+		c.Status = Warn
+		c.Fix = "libfabric 1.17 takes this variable as a number: 1 turns device RDMA on, 0 off"
+	case s.Set && !s.Integer && !s.Valid:
+		// efa_rdm_get_use_device_rdma aborts on such a value
+		// (efa_rdm_util.c@v2.1.0:54-60): efa endpoints are not opened.
+		c.Status = Warn
+		c.Detail += "; on an EFA device, opening an efa endpoint aborts with such a value, so fitransfer's probe child finds that out and the efa fabric is not used"
+		c.Fix = "set " + fabric.EnvUseDeviceRDMA + " to one of 0/1/false/true/no/yes/off/on, or unset it"
 	}
 	return c
 }
@@ -205,6 +220,15 @@ func checkEFA(devs []fabric.EFADevice, sysErr error, infos []fabric.Info, facts 
 		c.Detail = "no EFA device (sysfs); the efa provider is not used here"
 		if efaInfos > 0 {
 			c.Detail = "the efa provider answered but sysfs shows no EFA device"
+		}
+		return c
+	}
+	if facts.EFAEndpoint != nil {
+		c.Status, c.Detail = Fail, facts.EFAEndpoint.Error()
+		c.Fix = "unset " + fabric.EnvUseDeviceRDMA
+		var trap *fabric.AbortTrapError
+		if errors.As(facts.EFAEndpoint, &trap) {
+			c.Fix = trap.Fix()
 		}
 		return c
 	}

@@ -92,7 +92,7 @@ func TestCMAProbeWorksHere(t *testing.T) {
 }
 
 func TestEFAWithoutProviderFails(t *testing.T) {
-	devs := []fabric.EFADevice{{Name: "rdmap16s27", PCIDevice: "0xefa1", ReadLikely: fabric.Yes}}
+	devs := []fabric.EFADevice{{Name: "rdmap16s27", PCIDevice: "0xefa0"}}
 	c := checkEFA(devs, nil, nil, fabric.Facts{})
 	assert.Equal(t, Fail, c.Status)
 	assert.Contains(t, c.Fix, "/dev/infiniband")
@@ -111,4 +111,40 @@ func TestFIEnv(t *testing.T) {
 	c := checkFIEnv()
 	assert.Equal(t, Warn, c.Status)
 	assert.Contains(t, c.Detail, "FI_PROVIDER=tcp")
+}
+
+// TestAbortTrapCheck: the variable as each libfabric reads it, and the
+// gate's refusal with its fix.
+func TestAbortTrapCheck(t *testing.T) {
+	v117, v21 := fabric.MakeVersion(1, 17), fabric.MakeVersion(2, 1)
+
+	t.Setenv(fabric.EnvUseDeviceRDMA, "true")
+	c := checkAbortTrap(v117, nil)
+	assert.Equal(t, Warn, c.Status)
+	assert.Contains(t, c.Detail, "reads with strtol as 0")
+	assert.Contains(t, c.Fix, "1 turns device RDMA on")
+	assert.Equal(t, Pass, checkAbortTrap(v21, nil).Status)
+
+	t.Setenv(fabric.EnvUseDeviceRDMA, "y")
+	c = checkAbortTrap(v21, nil)
+	assert.Equal(t, Warn, c.Status)
+	assert.Contains(t, c.Detail, "opening an efa endpoint aborts")
+
+	t.Setenv(fabric.EnvUseDeviceRDMA, "1")
+	assert.Equal(t, Pass, checkAbortTrap(v117, nil).Status)
+	trap := &fabric.AbortTrapError{Call: "fi_getinfo", Library: "1.17.0", Setting: fabric.ReadDeviceRDMASetting(v117), API: v117}
+	c = checkAbortTrap(v117, trap)
+	assert.Equal(t, Fail, c.Status)
+	assert.Contains(t, c.Fix, "unset FI_EFA_USE_DEVICE_RDMA")
+}
+
+func TestEFAEndpointTrapFails(t *testing.T) {
+	efa := fabric.Info{}
+	efa.Fabric.ProvName = "efa"
+	trap := &fabric.AbortTrapError{Call: "efa endpoint open (rdmap16s27-rdm)", Library: "2.1.0",
+		Setting: fabric.DeviceRDMASetting{Set: true, Raw: "y"}, API: fabric.MakeVersion(2, 1)}
+	c := checkEFA([]fabric.EFADevice{{Name: "rdmap16s27", PCIDevice: "0xefa0"}}, nil, []fabric.Info{efa}, fabric.Facts{EFAEndpoint: trap})
+	assert.Equal(t, Fail, c.Status)
+	assert.Contains(t, c.Detail, "efa endpoint open")
+	assert.Contains(t, c.Fix, "one of 0/1/false/true/no/yes/off/on")
 }

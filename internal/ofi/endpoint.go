@@ -29,6 +29,9 @@ const eqMsgLen = 256
 // With cqWait the CQ gets a wait object if the provider has one (see
 // Waitable).
 func (d *Domain) OpenEndpoint(cqSize int, cqWait bool, opts EndpointOptions) (*Endpoint, error) {
+	if err := d.beforeEndpoint(); err != nil {
+		return nil, err
+	}
 	ep := &Endpoint{}
 	var stage *C.char
 	wait, waitable := C.int(0), C.int(0)
@@ -201,6 +204,9 @@ func (d *Domain) ProbeEFAEmulated() (read, write bool, err error) {
 	if d.info.fabric_attr == nil || C.GoString(d.info.fabric_attr.prov_name) != "efa" {
 		return false, false, check("fi_getopt(FI_OPT_EFA_EMULATED_READ) outside efa", -C.FI_ENOPROTOOPT)
 	}
+	if err := d.beforeEndpoint(); err != nil {
+		return false, false, err
+	}
 	var ep *C.struct_fid_ep
 	if err := check("fi_endpoint", C.fi_endpoint(d.c, d.info, &ep, nil)); err != nil {
 		return false, false, err
@@ -216,6 +222,45 @@ func (d *Domain) ProbeEFAEmulated() (read, write bool, err error) {
 	}
 	return r == 1, w == 1, nil
 }
+
+// BeforeEFAEndpoint, when set, is called before an endpoint of the efa
+// provider's RDM protocol fabric ("efa", not "efa-direct") is opened, with
+// the domain's name; an error stops the open. From libfabric 1.18 that
+// open can abort() the process (efa_rdm_get_use_device_rdma, called from
+// prov/efa/src/rdm/efa_rdm_ep_fiops.c@v2.1.0:503), and package fabric,
+// which sets the hook, decides in a child process whether it would.
+var BeforeEFAEndpoint func(domain string) error
+
+func (d *Domain) beforeEndpoint() error {
+	if BeforeEFAEndpoint == nil || d.info == nil || d.info.fabric_attr == nil || d.info.ep_attr == nil {
+		return nil
+	}
+	if C.GoString(d.info.fabric_attr.prov_name) != "efa" || C.GoString(d.info.fabric_attr.name) == "efa-direct" ||
+		EPType(d.info.ep_attr._type) != EPRDM {
+		return nil
+	}
+	return BeforeEFAEndpoint(goString(d.info.domain_attr.name))
+}
+
+// TryEndpoint opens an endpoint of the domain (fi_endpoint, not enabled)
+// and closes it at once: the call that, on efa from libfabric 1.18, reads
+// FI_EFA_USE_DEVICE_RDMA and may abort(). Package fabric's probe child
+// uses it where the headers lack FI_OPT_EFA_EMULATED_READ/WRITE.
+func (d *Domain) TryEndpoint() error {
+	if err := d.beforeEndpoint(); err != nil {
+		return err
+	}
+	var ep *C.struct_fid_ep
+	if err := check("fi_endpoint", C.fi_endpoint(d.c, d.info, &ep, nil)); err != nil {
+		return err
+	}
+	return check("fi_close(endpoint)", C.fi_close(&ep.fid))
+}
+
+// Abort calls the C library's abort(), as libfabric does on a fatal
+// setting. Package fabric's probe child calls it only when a test asks,
+// to check that an abort in the child is caught and reported.
+func Abort() { C.abort() }
 
 // HeadersHave reports which optional libfabric features the headers this
 // binary was compiled with declare.
