@@ -23,6 +23,8 @@ _Static_assert(FI_CONTEXT2 == (1ULL << 52) && FI_CONTEXT == (1ULL << 59), "mode"
 _Static_assert(FI_PROV_ATTR_ONLY == (1ULL << 54), "getinfo flags");
 _Static_assert(FI_ADDR_EFA == 12 && FI_ADDR_STR == 9 && FI_SOCKADDR_IN6 == 3, "addr format");
 _Static_assert(FI_EP_RDM == 3 && FI_AV_TABLE == 2 && FI_PROGRESS_MANUAL == 2, "enums");
+_Static_assert(FI_PARAM_STRING == 0 && FI_PARAM_INT == 1 && FI_PARAM_BOOL == 2 && FI_PARAM_SIZE_T == 3,
+	       "param types (params.go)");
 
 uint32_t ft_compiled_version(void)
 {
