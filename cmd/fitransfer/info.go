@@ -23,8 +23,8 @@ var knownProviders = []string{
 func runInfo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fitransfer info", flag.ContinueOnError)
 	var (
-		node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov string
-		list, verbose, version, asJSON                                            bool
+		node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov, getenv string
+		list, verbose, version, asJSON, env                                               bool
 	)
 	str := func(p *string, short, long, help string) {
 		fs.StringVar(p, short, "", help)
@@ -44,6 +44,8 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	str(&fabricName, "f", "fabric", "fabric name")
 	str(&addrFormat, "a", "addr_format", "address format: FI_FORMAT_UNSPEC, FI_SOCKADDR...")
 	str(&prov, "p", "provider", "provider, e.g. shm, tcp, \"tcp;ofi_rxm\", efa")
+	boolean(&env, "e", "env", "print libfabric environment variables")
+	str(&getenv, "g", "getenv", "print libfabric environment variables with substr")
 	boolean(&list, "l", "list", "list available libfabric providers")
 	boolean(&verbose, "v", "verbose", "verbose output (fi_tostr of every fi_info)")
 	fs.BoolVar(&version, "version", false, "print version info and exit")
@@ -51,6 +53,15 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = defaultUsage(fs, "[flags]  (the flags of fi_info, same meaning)")
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
+	}
+	// -g "" lists every variable, as fi_info's does: what counts is that
+	// it was given.
+	var filter bool
+	fs.Visit(func(f *flag.Flag) { filter = filter || f.Name == "g" || f.Name == "getenv" })
+	env = env || filter
+	if env && asJSON {
+		fmt.Fprintln(stderr, "fitransfer info: --json does not include libfabric's variables; use -e or -g without --json")
+		return exitUsage
 	}
 	vers := fabric.CurrentVersions()
 	if version {
@@ -119,6 +130,13 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	switch {
+	case env:
+		// fi_info prints the variables only after its query succeeded, so
+		// -e with filters no provider matches fails as the query does.
+		var params []ofi.Param
+		if params, err = ofi.Params(); err == nil {
+			err = writeParams(stdout, params, filter, getenv)
+		}
 	case asJSON:
 		r := fabric.Report{Libfabric: vers}
 		if list {

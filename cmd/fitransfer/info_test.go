@@ -68,6 +68,52 @@ func TestInfoMatchesFiInfo(t *testing.T) {
 	}
 }
 
+func TestInfoEnvMatchesFiInfo(t *testing.T) {
+	// Set variables show as assignments: a plain value, one with a space
+	// (quoted) and an empty one. All three are defaults or only narrow
+	// logging, so neither process behaves differently.
+	t.Setenv("FI_LOG_INTERVAL", "2000")
+	t.Setenv("FI_LOG_SUBSYS", "core av")
+	t.Setenv("FI_LOG_PROV", "")
+	cases := []struct {
+		args  []string
+		empty bool // the filter matches no variable
+	}{
+		{args: []string{"-e"}},
+		{args: []string{"--env"}},
+		{args: []string{"-g", "shm"}},
+		{args: []string{"-g", "Log"}}, // case-insensitive, as strcasestr
+		{args: []string{"--getenv=tcp"}},
+		{args: []string{"-g", ""}}, // every variable
+		{args: []string{"-e", "-v"}},
+		{args: []string{"-e", "-l", "-p", "tcp"}},
+		{args: []string{"-g", "no such variable"}, empty: true},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			want := withoutNULs(fiInfo(t, tc.args...))
+			require.Equal(t, tc.empty, want == "", "fi_info's output: %q", want)
+			// A process of its own, as fi_info is: which variables exist
+			// is libfabric's state in the process that asks.
+			cmd := cliCommand(t, append([]string{"info"}, tc.args...)...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			got, err := cmd.Output()
+			require.NoError(t, err, stderr.String())
+			assert.Equal(t, want, string(got))
+		})
+	}
+}
+
+// withoutNULs drops the NUL bytes fi_info writes on either side of a value
+// without a space (printf's %c of '\0'), which fitransfer leaves out.
+func withoutNULs(s string) string { return strings.ReplaceAll(s, "\x00", "") }
+
+func TestInfoEnvRefusesJSON(t *testing.T) {
+	_, stderr, code := runCLI("info", "-g", "log", "--json")
+	assert.Equal(t, exitUsage, code, stderr)
+}
+
 func TestInfoJSON(t *testing.T) {
 	out, stderr, code := runCLI("info", "--json", "-p", "tcp")
 	require.Equal(t, 0, code, stderr)
