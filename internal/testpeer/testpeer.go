@@ -5,7 +5,8 @@
 // The child opens a transport.Manager, registers buffers filled with a
 // seeded pattern, prints their handles, and answers line-delimited JSON
 // commands on stdin: sum or get a range, fill, close a buffer, register
-// another, exit.
+// another, exit. StartFunc runs a function of the test package in the
+// child instead, for Examples, which have no testing.TB.
 package testpeer
 
 import (
@@ -101,9 +102,12 @@ type reply struct {
 	Err    string `json:"err,omitempty"`
 }
 
-// MaybeRun runs the child side when this process was started as one, and
-// then exits. Call it first in TestMain.
+// MaybeRun runs the child side when this process was started as one (by
+// Start or StartFunc), and then exits. Call it first in TestMain.
 func MaybeRun() {
+	if name := os.Getenv(envFunc); name != "" {
+		os.Exit(runFunc(name))
+	}
 	if os.Getenv(envRun) != "1" {
 		return
 	}
