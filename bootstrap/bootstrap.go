@@ -12,6 +12,8 @@ package bootstrap
 
 import (
 	"bufio"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -44,6 +46,11 @@ const (
 	TypeDone     = "done"     // server → client: pingpong answered
 	TypeBye      = "bye"      // client → server: end of session
 	TypeError    = "error"    // either way: Error says what went wrong
+	// A server with a shared secret answers a hello with a challenge
+	// (a random Nonce), and the client proves it holds the secret with
+	// auth (Proof, see Proof) before the server does anything for it.
+	TypeChallenge = "challenge" // server → client
+	TypeAuth      = "auth"      // client → server
 )
 
 // Modes of a session.
@@ -67,6 +74,27 @@ type Message struct {
 	OK       bool               `json:"ok,omitempty"`
 	Mismatch int64              `json:"mismatch,omitempty"`
 	Error    string             `json:"error,omitempty"`
+	Nonce    []byte             `json:"nonce,omitempty"`
+	Proof    []byte             `json:"proof,omitempty"`
+}
+
+// NonceSize is the length of a challenge's nonce.
+const NonceSize = 32
+
+// Proof is what a client holding token answers to a challenge's nonce:
+// HMAC-SHA256 of the nonce under the token, with a label so that the
+// value means nothing to any other protocol.
+func Proof(token string, nonce []byte) []byte {
+	h := hmac.New(sha256.New, []byte(token))
+	h.Write([]byte("fitransfer bootstrap auth v1\x00"))
+	h.Write(nonce)
+	return h.Sum(nil)
+}
+
+// ProofOK compares a client's proof with the expected one in constant
+// time.
+func ProofOK(token string, nonce, proof []byte) bool {
+	return hmac.Equal(Proof(token, nonce), proof)
 }
 
 // ErrFrameTooLarge is a frame longer than MaxFrame.

@@ -28,6 +28,8 @@ type Config struct {
 	Window  int      // ops in flight (bandwidth modes)
 	Verify  bool     // check every byte
 	Timeout time.Duration
+	// Token is the server's shared secret, when it has one.
+	Token string
 	// Progress, when set, is called after each window with the ops done
 	// and to do for the current size.
 	Progress func(size uint64, done, total int)
@@ -61,7 +63,19 @@ func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
 		conn.Close()
 		return nil, fmt.Errorf("send hello to %s: %w", cfg.Server, err)
 	}
-	w, err := conn.Expect(bootstrap.TypeWelcome, cfg.Timeout)
+	w, err := conn.Recv(cfg.Timeout)
+	if err == nil && w.Type == bootstrap.TypeChallenge {
+		if cfg.Token == "" {
+			conn.Close()
+			return nil, fmt.Errorf("server %s requires a token: set --token or FITRANSFER_TOKEN to the server's", cfg.Server)
+		}
+		if err = conn.Send(bootstrap.Message{Type: bootstrap.TypeAuth, Proof: bootstrap.Proof(cfg.Token, w.Nonce)}); err == nil {
+			w, err = conn.Recv(cfg.Timeout)
+		}
+	}
+	if err == nil && w.Type != bootstrap.TypeWelcome {
+		err = fmt.Errorf("expected a %q message, got %q", bootstrap.TypeWelcome, w.Type)
+	}
 	if err != nil {
 		conn.Close()
 		if isTimeout(err) {

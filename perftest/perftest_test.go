@@ -103,7 +103,7 @@ func TestServerSurvivesBadClients(t *testing.T) {
 		defer mu.Unlock()
 		logs = append(logs, f)
 	}
-	srv, err := Listen(m, "127.0.0.1:0", 1<<20, 5*time.Second, logf, func(string, ...any) {})
+	srv, err := Listen(m, "127.0.0.1:0", ServerConfig{Size: 1 << 20, Idle: 5 * time.Second}, logf, func(string, ...any) {})
 	require.NoError(t, err)
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,6 +2,7 @@ package perftest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -14,8 +15,31 @@ import (
 	"github.com/fitransfer/fitransfer/transport"
 )
 
-// HelloTimeout bounds the wait for a client's first message.
-const HelloTimeout = 10 * time.Second
+// ServerConfig is what a server gives its clients, and its limits.
+type ServerConfig struct {
+	Size uint64 // bytes of each session's buffer
+	// Idle ends a session whose client sent nothing for that long.
+	Idle time.Duration
+	// Hello bounds the wait for a client's first message (and its answer
+	// to the challenge): a client that connects and says nothing holds a
+	// connection no longer.
+	Hello time.Duration
+	// MaxSessions bounds the sessions at once; 0: no bound.
+	MaxSessions int
+	// MaxMemory bounds the bytes of all session buffers at once; 0: no
+	// bound.
+	MaxMemory uint64
+	// Token, when set, is the shared secret a client must prove it holds
+	// (bootstrap.Proof) before it gets anything.
+	Token string
+}
+
+// Defaults of ServerConfig's limits.
+const (
+	DefaultHelloTimeout = 10 * time.Second
+	DefaultMaxSessions  = 8
+	DefaultMaxMemory    = 1 << 30
+)
 
 // Server answers fitransfer clients: each session gets its own buffer of
 // the server's size; the server fills it, verifies it and answers
@@ -24,6 +48,7 @@ const HelloTimeout = 10 * time.Second
 type Server struct {
 	m       *transport.Manager
 	ln      net.Listener
+	cfg     ServerConfig
 	size    uint64
 	shared  *transport.Buffer
 	mem     []byte
@@ -36,15 +61,31 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[*bootstrap.Conn]struct{} // open client connections
 	stopping bool                         // ctx ended: sessions end at once
+	admitted int                          // sessions holding a buffer
+	inUse    uint64                       // bytes of their buffers
 }
+
+// ErrBusy refuses a client when the server is at --max-sessions or
+// --max-memory.
+var ErrBusy = errors.New("server busy")
+
+// ErrAuth refuses a client that did not prove it holds the server's token.
+var ErrAuth = errors.New("authentication failed")
 
 // ErrInterrupted ends the sessions of a server whose Serve context ended
 // (Ctrl-C on `fitransfer serve`); their clients are told so.
 var ErrInterrupted = errors.New("server interrupted")
 
-// Listen registers the server's shared buffer (size bytes, the pattern of
-// seed 0) and listens on addr.
-func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, logf, infof func(string, ...any)) (*Server, error) {
+// Listen registers the server's shared buffer (cfg.Size bytes, the
+// pattern of seed 0) and listens on addr.
+func Listen(m *transport.Manager, addr string, cfg ServerConfig, logf, infof func(string, ...any)) (*Server, error) {
+	if cfg.Hello <= 0 {
+		cfg.Hello = DefaultHelloTimeout
+	}
+	if cfg.MaxMemory > 0 && cfg.Size > cfg.MaxMemory {
+		return nil, fmt.Errorf("a session buffer of %d bytes is larger than the memory cap of %d: raise --max-memory or lower --size", cfg.Size, cfg.MaxMemory)
+	}
+	size := cfg.Size
 	mem, err := mr.Alloc(int(size))
 	if err != nil {
 		return nil, err
@@ -61,7 +102,7 @@ func Listen(m *transport.Manager, addr string, size uint64, idle time.Duration, 
 		_ = mr.Free(mem)
 		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
 	}
-	return &Server{m: m, ln: ln, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: idle}, nil
+	return &Server{m: m, ln: ln, cfg: cfg, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: cfg.Idle}, nil
 }
 
 // Addr is the listening address.
@@ -76,20 +117,40 @@ func (s *Server) Handle() transport.RemoteBuffer { return s.shared.Remote() }
 func (s *Server) Serve(ctx context.Context, once bool) error {
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
+	var backoff time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			s.wg.Wait()
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				s.wg.Wait()
 				return ctx.Err()
 			}
-			return err
+			// Out of file descriptors, say: the clients that hold them
+			// will leave. Wait and accept again, as net/http does,
+			// instead of ending the server.
+			if backoff == 0 {
+				backoff = 5 * time.Millisecond
+				s.logf("accept: %v; retrying (connections are refused until it succeeds)", err)
+			} else {
+				backoff = min(2*backoff, time.Second)
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			continue
+		}
+		if backoff != 0 {
+			s.logf("accept: working again")
+			backoff = 0
 		}
 		s.wg.Add(1)
 		s.clients.Add(1)
 		go func() {
 			defer s.wg.Done()
-			conn := bootstrap.NewConn(c, HelloTimeout)
+			conn := bootstrap.NewConn(c, s.cfg.Hello)
 			defer conn.Close()
 			if !s.track(conn) {
 				_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: ErrInterrupted.Error()})
@@ -140,6 +201,55 @@ func (s *Server) untrack(c *bootstrap.Conn) {
 	s.mu.Unlock()
 }
 
+// authenticate challenges the client to prove it holds the token.
+func (s *Server) authenticate(conn *bootstrap.Conn) error {
+	nonce := make([]byte, bootstrap.NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return err
+	}
+	if err := conn.Send(bootstrap.Message{Type: bootstrap.TypeChallenge, Nonce: nonce}); err != nil {
+		return err
+	}
+	m, err := conn.Expect(bootstrap.TypeAuth, s.cfg.Hello)
+	if err != nil {
+		return fmt.Errorf("%w: no answer to the challenge (%v); the server needs a token: set --token or FITRANSFER_TOKEN", ErrAuth, err)
+	}
+	if !bootstrap.ProofOK(s.cfg.Token, nonce, m.Proof) {
+		return fmt.Errorf("%w: wrong token; set the server's --token or FITRANSFER_TOKEN", ErrAuth)
+	}
+	return nil
+}
+
+// admit takes a session's place and memory, or refuses with ErrBusy.
+func (s *Server) admit() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.cfg.MaxSessions > 0 && s.admitted >= s.cfg.MaxSessions:
+		return fmt.Errorf("%w: %d sessions in progress (--max-sessions %d); try again later", ErrBusy, s.admitted, s.cfg.MaxSessions)
+	case s.cfg.MaxMemory > 0 && s.inUse+s.size > s.cfg.MaxMemory:
+		return fmt.Errorf("%w: %d sessions hold %d bytes, and another %d would pass --max-memory %d; try again later",
+			ErrBusy, s.admitted, s.inUse, s.size, s.cfg.MaxMemory)
+	}
+	s.admitted++
+	s.inUse += s.size
+	return nil
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	s.admitted--
+	s.inUse -= s.size
+	s.mu.Unlock()
+}
+
+// Admitted is how many sessions hold a buffer now.
+func (s *Server) Admitted() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.admitted
+}
+
 // Clients counts the sessions started.
 func (s *Server) Clients() int64 { return s.clients.Load() }
 
@@ -155,7 +265,7 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 		_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: err.Error()})
 		return err
 	}
-	hello, err := conn.Expect(bootstrap.TypeHello, HelloTimeout)
+	hello, err := conn.Expect(bootstrap.TypeHello, s.cfg.Hello)
 	if err != nil && ctx.Err() != nil {
 		return fail(err)
 	}
@@ -171,6 +281,15 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 	default:
 		return fail(fmt.Errorf("unknown mode %q (read, write, pingpong)", hello.Mode))
 	}
+	if s.cfg.Token != "" {
+		if err := s.authenticate(conn); err != nil {
+			return fail(err)
+		}
+	}
+	if err := s.admit(); err != nil {
+		return fail(err)
+	}
+	defer s.leave()
 	var over []string
 	if hello.Address != nil {
 		over, err = s.m.AddPeer(*hello.Address)

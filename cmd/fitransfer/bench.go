@@ -193,7 +193,7 @@ func benchOnce(ctx context.Context, prov, mode string, sizes []uint64, iters, wa
 	}
 	defer m.Close()
 	return runSession(ctx, perftest.Config{Server: addr, Manager: m, Mode: mode, Sizes: sizes, Iters: iters,
-		Warmup: warmup, Window: window, Timeout: timeout})
+		Warmup: warmup, Window: window, Timeout: timeout, Token: os.Getenv(tokenEnv)})
 }
 
 // aggregate makes one row per size out of repeated runs: ours[i] and
@@ -245,7 +245,8 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.Command(exe, "serve", "--listen", "127.0.0.1:0", "-p", prov, "--size", strconv.FormatUint(size, 10))
+	n := strconv.FormatUint(size, 10)
+	cmd := exec.Command(exe, "serve", "--listen", "127.0.0.1:0", "-p", prov, "--size", n, "--max-memory", n)
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -24,6 +25,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	sizeStr := fs.String("size", "64m", "bytes of each session's buffer (largest transfer; pingpong needs twice its size)")
 	once := fs.Bool("once", false, "serve one client, then exit")
 	idle := fs.Duration("idle-timeout", 10*time.Minute, "end a session after this long without a message from its client")
+	hello := fs.Duration("hello-timeout", perftest.DefaultHelloTimeout, "drop a client that has not said hello (or answered the challenge) within this long")
+	maxSessions := fs.Int("max-sessions", perftest.DefaultMaxSessions, "sessions at once; a client beyond is told the server is busy (0: no limit)")
+	maxMemStr := fs.String("max-memory", "1g", "bytes of all session buffers at once; a client beyond is told the server is busy (0: no limit)")
+	token := fs.String("token", "", "shared secret clients must prove they hold (default $FITRANSFER_TOKEN); without it, any client is served")
 	asJSON := fs.Bool("json", false, "print the listening address and handle as JSON")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
@@ -32,6 +37,20 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	size, err := perftest.ParseSize(*sizeStr)
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--size: %w", err)})
+	}
+	maxMem, err := perftest.ParseSize(*maxMemStr)
+	if err != nil {
+		return fail(stderr, "serve", usageError{fmt.Errorf("--max-memory: %w", err)})
+	}
+	if *token == "" {
+		*token = os.Getenv(tokenEnv)
+	}
+	if mf.source == "" {
+		// Data follows control: a server told to listen on one address
+		// sends its RMA traffic through that address's interface too.
+		if host, _, err := net.SplitHostPort(*listen); err == nil && !wildcardHost(host) {
+			mf.source = host
+		}
 	}
 	ctx, stop := interruptible()
 	defer stop()
@@ -42,7 +61,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	defer m.Close()
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "fitransfer serve: "+format+"\n", a...) }
 	infof := func(format string, a ...any) { fmt.Fprintf(stdout, format+"\n", a...) }
-	srv, err := perftest.Listen(m, *listen, size, *idle, logf, infof)
+	srv, err := perftest.Listen(m, *listen, perftest.ServerConfig{Size: size, Idle: *idle, Hello: *hello,
+		MaxSessions: *maxSessions, MaxMemory: maxMem, Token: *token}, logf, infof)
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}
@@ -68,4 +88,17 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "serve", err)
 	}
 	return exitOK
+}
+
+// tokenEnv names the variable that holds the shared secret of serve and
+// its clients when --token is not given.
+const tokenEnv = "FITRANSFER_TOKEN"
+
+// wildcardHost reports whether a listen host means every interface.
+func wildcardHost(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
 }

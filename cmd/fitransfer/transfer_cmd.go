@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"time"
 
@@ -24,6 +26,7 @@ type testFlags struct {
 	verify   bool
 	asJSON   bool
 	cpuProf  string
+	token    string
 }
 
 func (f *testFlags) register(fs *flag.FlagSet, bandwidth bool) {
@@ -36,6 +39,7 @@ func (f *testFlags) register(fs *flag.FlagSet, bandwidth bool) {
 	fs.BoolVar(&f.asJSON, "m", false, "machine-readable output (JSON)")
 	fs.BoolVar(&f.asJSON, "json", false, "machine-readable output (JSON)")
 	fs.StringVar(&f.cpuProf, "cpuprofile", "", "write a pprof CPU profile of the run to this file")
+	fs.StringVar(&f.token, "token", "", "the server's shared secret, when it has one (default $FITRANSFER_TOKEN)")
 	if bandwidth {
 		fs.IntVar(&f.window, "W", 64, "window: ops in flight")
 		fs.BoolVar(&f.delivery, "U", true, "writes complete when the data is at the target (FI_DELIVERY_COMPLETE; default)")
@@ -82,6 +86,9 @@ func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptible()
 	defer stop()
+	if f.source == "" {
+		f.source = sourceToward(hostPort(pos[0]))
+	}
 	m, err := f.open(ctx)
 	if err != nil {
 		return fail(stderr, name, err)
@@ -96,7 +103,8 @@ func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
 	}
 	bar := newProgress(stderr, name)
 	cfg := perftest.Config{Server: hostPort(pos[0]), Manager: m, Mode: mode, Sizes: sizes, Iters: f.iters,
-		Warmup: f.warmup, Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update, Info: stderr}
+		Warmup: f.warmup, Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update, Info: stderr,
+		Token: cmp.Or(f.token, os.Getenv(tokenEnv))}
 	rows, err := runSession(ctx, cfg)
 	bar.clear()
 	if len(rows) > 0 {
@@ -195,4 +203,22 @@ func (p *progress) clear() {
 	if p.printed {
 		fmt.Fprintf(p.w, "\r%80s\r", "")
 	}
+}
+
+// sourceToward is the local address this host sends from to reach the
+// server at addr: a client's data follows its control connection, as the
+// server's does, so that the server reaches the client's endpoint (it
+// writes there in a pingpong) the way the client reached it. "" when
+// the kernel knows no route; libfabric then picks an interface.
+func sourceToward(addr string) string {
+	c, err := net.Dial("udp", addr) // connect(2) on UDP picks the route and sends nothing
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	host, _, err := net.SplitHostPort(c.LocalAddr().String())
+	if err != nil {
+		return ""
+	}
+	return host
 }
