@@ -34,6 +34,10 @@ type ServerConfig struct {
 	Token string
 }
 
+// maxPending bounds the clients connected and not yet admitted (each
+// holds up to a frame until its hello deadline), at least.
+const maxPending = 64
+
 // Defaults of ServerConfig's limits.
 const (
 	DefaultHelloTimeout = 10 * time.Second
@@ -63,6 +67,14 @@ type Server struct {
 	stopping bool                         // ctx ended: sessions end at once
 	admitted int                          // sessions holding a buffer
 	inUse    uint64                       // bytes of their buffers
+	pending  chan struct{}                // a place per client not yet admitted
+}
+
+// refuse tells a client it cannot be served, and hangs up.
+func refuse(c net.Conn, err error) {
+	conn := bootstrap.NewConn(c, time.Second)
+	_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: err.Error()})
+	_ = conn.Close()
 }
 
 // ErrBusy refuses a client when the server is at --max-sessions or
@@ -102,7 +114,8 @@ func Listen(m *transport.Manager, addr string, cfg ServerConfig, logf, infof fun
 		_ = mr.Free(mem)
 		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
 	}
-	return &Server{m: m, ln: ln, cfg: cfg, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: cfg.Idle}, nil
+	return &Server{m: m, ln: ln, cfg: cfg, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: cfg.Idle,
+		pending: make(chan struct{}, max(maxPending, 4*cfg.MaxSessions))}, nil
 }
 
 // Addr is the listening address.
@@ -146,10 +159,21 @@ func (s *Server) Serve(ctx context.Context, once bool) error {
 			s.logf("accept: working again")
 			backoff = 0
 		}
+		select {
+		case s.pending <- struct{}{}:
+		default:
+			// Too many clients connecting at once: each holds a
+			// goroutine and a frame until its hello deadline. Refuse
+			// at once rather than queue them.
+			go refuse(c, fmt.Errorf("%w: %d clients are connecting; try again later", ErrBusy, cap(s.pending)))
+			continue
+		}
 		s.wg.Add(1)
 		s.clients.Add(1)
 		go func() {
 			defer s.wg.Done()
+			admitted := sync.OnceFunc(func() { <-s.pending })
+			defer admitted()
 			conn := bootstrap.NewConn(c, s.cfg.Hello)
 			defer conn.Close()
 			if !s.track(conn) {
@@ -157,7 +181,7 @@ func (s *Server) Serve(ctx context.Context, once bool) error {
 				return
 			}
 			defer s.untrack(conn)
-			if err := s.session(ctx, conn); err != nil {
+			if err := s.session(ctx, conn, admitted); err != nil {
 				s.logf("client %s: %v", c.RemoteAddr(), err)
 			}
 		}()
@@ -256,8 +280,9 @@ func (s *Server) Clients() int64 { return s.clients.Load() }
 // Close deregisters and frees the shared buffer (after Serve returned).
 func (s *Server) Close() error { return release(s.shared, s.mem) }
 
-// session serves one client.
-func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
+// session serves one client; admitted is called once it is past its
+// hello and admission.
+func (s *Server) session(ctx context.Context, conn *bootstrap.Conn, admitted func()) error {
 	fail := func(err error) error {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w: the session ended before the client was done", ErrInterrupted)
@@ -290,13 +315,13 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn) error {
 		return fail(err)
 	}
 	defer s.leave()
+	admitted()
 	var over []string
 	if hello.Address != nil {
-		over, err = s.m.AddPeer(*hello.Address)
-		defer s.m.RemovePeer(*hello.Address) // the client's connection goes with its session
-		if err != nil {
-			return fail(err)
+		if over, err = s.m.AddPeer(*hello.Address); err != nil {
+			return fail(err) // AddPeer added nothing
 		}
+		defer s.m.RemovePeer(*hello.Address) // the client's connection goes with its session
 	}
 	s.infof("client %s: %s session (its endpoints inserted on %v)", conn.RemoteAddr(), hello.Mode, over)
 	defer s.infof("client %s: session ended", conn.RemoteAddr())
@@ -373,6 +398,16 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	var peer transport.RemoteBuffer
 	if err := peer.UnmarshalBinary(hello.Handle); err != nil {
 		return err
+	}
+	// The server writes where the handle says: over an IP provider, only
+	// to the client's own address, so that no client can point the
+	// server's traffic at a third host (or learn which of its ports are
+	// open).
+	if rt, err := s.m.Route(peer); err == nil && rt.Host != "" {
+		client, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+		if !net.ParseIP(rt.Host).Equal(net.ParseIP(client)) {
+			return fmt.Errorf("the pingpong buffer is at %s, not at the client's address %s: serve writes only to its client", rt.Host, client)
+		}
 	}
 	if peer.Len() < size {
 		return fmt.Errorf("client buffer of %d bytes is smaller than the %d-byte pingpong", peer.Len(), size)

@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"encoding/binary"
 	"fmt"
+	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +32,7 @@ type backend struct {
 	retired atomic.Bool
 
 	mu    sync.RWMutex
-	peers map[string]peer // endpoint name → address
+	peers map[string]*peer // endpoint name → address
 	added map[string]int  // AddPeer calls not yet undone by RemovePeer, per name
 
 	// shm: ops still in flight to peers that died (see blocked).
@@ -78,29 +80,31 @@ func (b *backend) blocked() error {
 
 // forget removes a peer from the address vector (which releases what the
 // provider holds for it: shm's mapping of its region, rxm's connection),
-// unless ops are in flight on the endpoint: those may be the peer's.
+// unless a transfer holds its address (peer.uses): an op posted to a
+// removed address crashes libfabric. Insertion and removal both happen
+// inside the loop's Do, so a peer found in b.peers is always inserted.
 func (b *backend) forget(name []byte) {
-	b.mu.Lock()
-	_, known := b.peers[string(name)]
-	b.mu.Unlock()
-	if !known {
-		return
-	}
 	_ = b.loop.Do(func() {
-		if b.loop.InFlight() > 0 {
+		b.mu.Lock()
+		p := b.peers[string(name)]
+		if p == nil || p.uses.Load() > 0 {
+			b.mu.Unlock()
 			return
 		}
-		b.loop.Endpoint().ForgetPeer(name)
-		b.mu.Lock()
 		delete(b.peers, string(name))
 		b.mu.Unlock()
+		b.loop.Endpoint().ForgetPeer(name)
 	})
 }
 
 type peer struct {
 	addr uint64 // fi_addr_t
 	name string // printable
+	uses atomic.Int32
 }
+
+// done ends a use of p (see backend.peer).
+func (p *peer) done() { p.uses.Add(-1) }
 
 func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason, role string, chunkCap uint64) *backend {
 	chunk := ep.MaxRMA()
@@ -110,30 +114,72 @@ func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason,
 	return &backend{
 		index: index, provider: transportName(ep.Info()), info: *ep.Info(), reason: reason, role: role,
 		loop: loop, name: append([]byte(nil), ep.Name()...), virtAddr: ep.VirtAddr(),
-		chunk: chunk, peers: map[string]peer{},
+		chunk: chunk, peers: map[string]*peer{},
 	}
 }
 
+// checkName refuses an endpoint name a provider would misread: libfabric
+// takes a name by its pointer alone and reads as many bytes as its
+// address format implies.
+func (b *backend) checkName(name []byte) error {
+	want := len(b.name) // the format's size: this endpoint's own name
+	switch b.info.AddrFormat {
+	case ofi.AddrSockaddrIn:
+		want = 16
+	case ofi.AddrSockaddrIn6:
+		want = 28
+	case ofi.AddrSockaddr:
+		want = 16
+		if len(name) >= 2 && binary.LittleEndian.Uint16(name) == syscall.AF_INET6 {
+			want = 28
+		}
+	}
+	if b.provider == string(fabric.BackendSHM) {
+		want = len(name) // shm names come from a verified owner (samenode.go)
+	}
+	if len(name) != want || len(name) > maxEPNameLen {
+		return fmt.Errorf("%w: a %s endpoint address of %d bytes (%v takes %d)", ErrBadHandle, b.provider, len(name), b.info.AddrFormat, want)
+	}
+	return nil
+}
+
 // peer returns the address of a peer endpoint, inserting it into the
-// address vector (on the loop goroutine) the first time.
-func (b *backend) peer(name []byte) (peer, error) {
-	b.mu.RLock()
-	p, ok := b.peers[string(name)]
-	b.mu.RUnlock()
-	if ok {
+// address vector (on the loop goroutine) the first time. It counts a use
+// of it: the caller hands it back with done once no op uses the address.
+func (b *backend) peer(name []byte) (*peer, error) {
+	b.mu.Lock()
+	p := b.peers[string(name)]
+	if p != nil {
+		p.uses.Add(1)
+	}
+	b.mu.Unlock()
+	if p != nil {
 		return p, nil
 	}
+	if err := b.checkName(name); err != nil {
+		return nil, err
+	}
 	var err error
-	if derr := b.loop.Do(func() { p.addr, err = b.loop.Endpoint().Peer(name) }); derr != nil {
-		return peer{}, derr
+	if derr := b.loop.Do(func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if p = b.peers[string(name)]; p != nil {
+			p.uses.Add(1)
+			return
+		}
+		var addr uint64
+		if addr, err = b.loop.Endpoint().Peer(name); err != nil {
+			return
+		}
+		p = &peer{addr: addr, name: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String()}
+		p.uses.Add(1)
+		b.peers[string(name)] = p
+	}); derr != nil {
+		return nil, derr
 	}
 	if err != nil {
-		return peer{}, err
+		return nil, err
 	}
-	p.name = ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String()
-	b.mu.Lock()
-	b.peers[string(name)] = p
-	b.mu.Unlock()
 	return p, nil
 }
 

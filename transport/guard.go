@@ -264,6 +264,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		return err
 	}
 	x := m.newXfer(b)
+	x.peer = p // held until the job is idle
 	release := true
 	defer func() {
 		if release {

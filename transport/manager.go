@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -329,6 +330,9 @@ type Route struct {
 	Locality fabric.Locality // where the owner is
 	Reason   string
 	Peer     string // the owner's endpoint address on that backend, printable
+	// Host is the IP address of the owner's endpoint on IP providers
+	// (tcp;ofi_rxm), "" on the others: where the op's traffic goes.
+	Host string
 }
 
 // Route says which backend a transfer with r would use, and why; an error
@@ -358,7 +362,11 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	if b.cma {
 		return Route{Backend: b.provider, Locality: loc, Reason: reason, Peer: cmaPeer(rt.peer.pid)}, nil
 	}
-	return Route{Backend: b.provider, Locality: loc, Reason: reason,
+	host := ""
+	if hp := sockaddrHostPort(ep.name); hp != "" && b.provider == string(fabric.BackendTCP) {
+		host, _, _ = net.SplitHostPort(hp)
+	}
+	return Route{Backend: b.provider, Locality: loc, Reason: reason, Host: host,
 		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
 }
 
@@ -419,7 +427,9 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		peer, err := m.sameNodePeer(r.owner)
 		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
 			// A handle newer than what the owner told: it may have
-			// replaced its shm endpoint since. Ask it again.
+			// replaced its shm endpoint since. Ask it again (at most
+			// every reverifyAfter: a forged handle must not make every
+			// op a verification).
 			peer, err = m.reverify(r.owner, peer)
 		}
 		switch {

@@ -48,26 +48,39 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 		return nil, err
 	}
 	defer m.releaseManager()
-	var done []string
+	type add struct {
+		b    *backend
+		name []byte
+	}
+	var adds []add
 	for _, ep := range a.Endpoints {
-		if len(ep.Name) == 0 || len(ep.Name) > maxEPNameLen {
-			return done, fmt.Errorf("%w: peer address for %s of %d bytes", ErrBadHandle, ep.Provider, len(ep.Name))
-		}
 		for _, b := range m.backends().all {
 			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
 				continue
 			}
-			if _, err := b.peer(ep.Name); err != nil {
-				return done, fmt.Errorf("add peer %s on %s: %w", ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.Name}, b.provider, err)
+			if err := b.checkName(ep.Name); err != nil {
+				return nil, err // before anything was inserted
 			}
-			b.mu.Lock()
-			if b.added == nil {
-				b.added = map[string]int{}
-			}
-			b.added[string(ep.Name)]++
-			b.mu.Unlock()
-			done = append(done, b.provider)
+			adds = append(adds, add{b, ep.Name})
 		}
+	}
+	var done []string
+	for i, ad := range adds {
+		p, err := ad.b.peer(ad.name)
+		if err != nil {
+			for _, undo := range adds[:i] {
+				undo.b.unadd(undo.name)
+			}
+			return nil, fmt.Errorf("add peer %s on %s: %w", ofi.Addr{Format: ad.b.info.AddrFormat, Bytes: ad.name}, ad.b.provider, err)
+		}
+		p.done() // AddPeer's hold is added, below
+		ad.b.mu.Lock()
+		if ad.b.added == nil {
+			ad.b.added = map[string]int{}
+		}
+		ad.b.added[string(ad.name)]++
+		ad.b.mu.Unlock()
+		done = append(done, ad.b.provider)
 	}
 	return done, nil
 }
@@ -87,17 +100,23 @@ func (m *Manager) RemovePeer(a Address) {
 			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
 				continue
 			}
-			b.mu.Lock()
-			n, ok := b.added[string(ep.Name)]
-			if ok && n > 1 {
-				b.added[string(ep.Name)] = n - 1
-			} else {
-				delete(b.added, string(ep.Name))
-			}
-			b.mu.Unlock()
-			if ok && n == 1 {
-				b.forget(ep.Name)
-			}
+			b.unadd(ep.Name)
 		}
+	}
+}
+
+// unadd undoes one AddPeer of name; the last one forgets the peer. A
+// name never added is left alone: it may be another session's peer.
+func (b *backend) unadd(name []byte) {
+	b.mu.Lock()
+	n, ok := b.added[string(name)]
+	if ok && n > 1 {
+		b.added[string(name)] = n - 1
+	} else {
+		delete(b.added, string(name))
+	}
+	b.mu.Unlock()
+	if ok && n == 1 {
+		b.forget(name)
 	}
 }

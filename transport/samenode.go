@@ -49,6 +49,10 @@ type sameNodePeer struct {
 	shmName []byte   // its shm endpoint name; nil without shm
 	conn    *net.UnixConn
 	gone    atomic.Bool // the connection ended: the owner closed or exited
+	// replaced: this manager dropped the connection to verify again; the
+	// owner is not gone, so what shm holds for it stays.
+	replaced   atomic.Bool
+	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
 }
 
 // guardLoc is where a guard table is read, and its key.
@@ -222,24 +226,81 @@ type verification struct {
 	once    sync.Once
 	peer    *sameNodePeer
 	err     error
-	gonePID int // the owner answered an earlier verification, and is gone now
+	gonePID int       // the owner answered an earlier verification, and is gone now
+	expires time.Time // a failure that may not last (no answer): verify again after it
+	done    atomic.Bool // the fields above are set
 }
+
+const (
+	// maxVerified bounds the owners a manager keeps verifications of:
+	// handles can name any number of owners.
+	maxVerified = 1024
+	// retryVerify is how long a verification that got no answer stands.
+	retryVerify = time.Second
+	// reverifyAfter is how often at most a handle that disagrees with a
+	// verification makes the manager ask the owner again.
+	reverifyAfter = time.Second
+)
+
+// entry returns the verification of owner, a new one when there is none
+// or its failure expired. Under p.mu.
+func (p *peers) entry(owner ID) *verification {
+	if p.byID == nil {
+		p.byID = map[ID]*verification{}
+	}
+	v := p.byID[owner]
+	if v != nil && (v.expires.IsZero() || time.Now().Before(v.expires)) {
+		return v
+	}
+	if v == nil && len(p.byID) >= maxVerified {
+		p.evict()
+	}
+	v = &verification{}
+	p.byID[owner] = v
+	return v
+}
+
+// evict drops half the entries, failed ones first; a dropped owner is
+// verified again when a handle names it. Under p.mu.
+func (p *peers) evict() {
+	n := 0
+	for id, v := range p.byID {
+		if n >= maxVerified/2 {
+			return
+		}
+		if !settled(v) || v.peer != nil && !v.peer.gone.Load() {
+			continue
+		}
+		delete(p.byID, id)
+		n++
+	}
+	for id, v := range p.byID {
+		if n >= maxVerified/2 {
+			return
+		}
+		if !settled(v) {
+			continue
+		}
+		if v.peer != nil {
+			v.peer.replaced.Store(true)
+			_ = v.peer.conn.Close()
+		}
+		delete(p.byID, id)
+		n++
+	}
+}
+
+// settled reports whether v's verification has run (its fields are set).
+func settled(v *verification) bool { return v.done.Load() }
 
 // sameNodePeer verifies the owner of r's buffer (once per owner manager)
 // and returns it, or why no same-node route may be used toward it: a
 // *completion.PeerGoneError when the owner, verified before, is gone.
 func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
-	if m.verified.byID == nil {
-		m.verified.byID = map[ID]*verification{}
-	}
-	v := m.verified.byID[owner]
-	if v == nil {
-		v = &verification{}
-		m.verified.byID[owner] = v
-	}
+	v := m.verified.entry(owner)
 	m.verified.mu.Unlock()
-	v.once.Do(func() { v.peer, v.err = verifyOwner(owner, m.forgetSameNode) })
+	v.once.Do(func() { m.verify(v, owner, 0) })
 	switch {
 	case v.gonePID != 0:
 		return nil, peerGone(v.gonePID)
@@ -257,12 +318,7 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 		m.verified.byID[owner] = again
 	}
 	m.verified.mu.Unlock()
-	again.once.Do(func() {
-		again.peer, again.err = verifyOwner(owner, m.forgetSameNode)
-		if again.err != nil {
-			again.gonePID = v.peer.pid // it answered before, and no more
-		}
-	})
+	again.once.Do(func() { m.verify(again, owner, v.peer.pid) })
 	if again.gonePID != 0 {
 		return nil, peerGone(again.gonePID)
 	}
@@ -270,6 +326,25 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 		return nil, peerGone(v.peer.pid)
 	}
 	return again.peer, nil
+}
+
+// verify runs the verification of owner into v. A failure that may pass
+// (no answer, a timeout) stands for retryVerify; a refusal (another uid,
+// this process) for good, and so does the failure of an owner that
+// answered before (gonePID: it is gone).
+func (m *Manager) verify(v *verification, owner ID, gonePID int) {
+	peer, err := verifyOwner(owner, m.forgetSameNode)
+	var ne net.Error
+	m.verified.mu.Lock()
+	v.peer, v.err = peer, err
+	switch {
+	case err != nil && gonePID != 0:
+		v.gonePID = gonePID
+	case errors.Is(err, errNoAnswer), errors.As(err, &ne) && ne.Timeout():
+		v.expires = time.Now().Add(retryVerify)
+	}
+	m.verified.mu.Unlock()
+	v.done.Store(true)
 }
 
 // peerGone is the error of an op toward a same-node owner, process pid,
@@ -287,6 +362,11 @@ func peerGone(pid int) *completion.PeerGoneError {
 func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	v := m.verified.byID[owner]
+	if time.Since(old.reverified) < reverifyAfter {
+		m.verified.mu.Unlock()
+		return old, nil // asked it again a moment ago: the handle is what disagrees
+	}
+	old.reverified = time.Now()
 	m.verified.mu.Unlock()
 	if v != nil {
 		v.once.Do(func() {}) // a verification under way finishes first
@@ -296,6 +376,7 @@ func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 		}
 		m.verified.mu.Unlock()
 	}
+	old.replaced.Store(true)
 	_ = old.conn.Close()
 	return m.sameNodePeer(owner)
 }
@@ -350,7 +431,9 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 		var b [1]byte
 		_, _ = c.Read(b[:]) // returns when the owner's side ends
 		p.gone.Store(true)
-		onGone(p)
+		if !p.replaced.Load() {
+			onGone(p)
+		}
 	}()
 	return p, nil
 }

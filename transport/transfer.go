@@ -244,6 +244,9 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
 			b, o.b, o.ep = sn, sn, o.remote.endpoint(sn.provider)
+			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
+				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
+			}
 		}
 		switch {
 		case b == nil:
@@ -390,6 +393,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	if err != nil {
 		return fmt.Errorf("%s over %s: %w", o.op, b.provider, err)
 	}
+	x.peer = p // held until the job is idle
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
 	switch b.provider {

@@ -23,6 +23,7 @@ type xfer struct {
 	local   *bufState
 	target  *bufState // memcpy only
 	scratch []uint32
+	peer    *peer    // the address the job posts to; a use of it until released
 	pid     int      // shm: the peer's process, for peerAlive
 	dead    bool     // shm: abandoned with ops in flight to a dead peer
 	stuck   bool     // shm: ended with ops in flight that may never complete
@@ -74,6 +75,10 @@ func (x *xfer) release() {
 	}
 	for _, s := range x.scratch {
 		x.b.scratch.put(s)
+	}
+	if x.peer != nil {
+		x.peer.done()
+		x.peer = nil
 	}
 	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead, x.stuck = nil, nil, nil, nil, x.scratch[:0], 0, false, false
 	x.probe.name = nil
