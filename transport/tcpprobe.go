@@ -43,10 +43,11 @@ type tcpProbe struct {
 	completed int
 	since     atomic.Int64  // UnixNano of the last progress or probe
 	state     atomic.Uint64 // generation<<probeStateBits | state
+	drop      *connDrop     // the peer's last dropped connection (tcpdrop.go)
 }
 
-func (p *tcpProbe) reset(name []byte) {
-	p.name, p.addr, p.completed = name, "", 0
+func (p *tcpProbe) reset(name []byte, drop *connDrop) {
+	p.name, p.addr, p.completed, p.drop = name, "", 0, drop
 	p.since.Store(time.Now().UnixNano())
 	gen := p.state.Load()>>probeStateBits + 1
 	p.state.Store(gen<<probeStateBits | probeIdle)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,4 +63,23 @@ func TestTCPPeerGoneAfter(t *testing.T) {
 			assert.Contains(t, err.Error(), "connection refused")
 		})
 	}
+}
+
+// TestConnDrop: which failures count as victims of an earlier drop.
+func TestConnDrop(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	var d connDrop
+	assert.False(t, d.victim(5*ms, 6*ms), "no drop seen")
+	d.saw(10 * ms)
+	assert.False(t, d.victim(9*ms, 11*ms), "started before the drop: maybe the rejected op")
+	assert.True(t, d.victim(11*ms, 12*ms), "started after the drop")
+	assert.False(t, d.victim(11*ms, 10*ms+int64(staleConnWindow)), "the window is over")
+	d.saw(20 * ms) // an op already in flight at the first drop: the same drop
+	assert.Equal(t, 10*ms, d.at.Load())
+	d.ok(30 * ms)
+	assert.True(t, d.victim(25*ms, 31*ms), "started before the success: it may have met the dead connection")
+	assert.False(t, d.victim(35*ms, 36*ms), "started on a working connection: its own rejection")
+	d.saw(40 * ms) // after a success: a new drop
+	assert.Equal(t, 40*ms, d.at.Load())
+	assert.True(t, d.victim(41*ms, 42*ms))
 }

@@ -148,7 +148,13 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		}
 		j := o.x.job
 		if o.submitted {
-			if err := o.b.loop.Wait(ctx, j); err != nil {
+			err := o.b.loop.Wait(ctx, j)
+			if err == nil && o.b.provider == "tcp;ofi_rxm" {
+				// o.x changes when the job is posted again.
+				_, err = m.redoAfterDrop(ctx, o, start, deadline)
+				j = o.x.job
+			}
+			if err != nil {
 				// Wedged: the job stays the loop's; its xfer is left.
 				errs = append(errs, err)
 				failed++
@@ -310,7 +316,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	case "shm":
 		x.pid, j.Check = shmPeerPID(o.ep.name), peerAlive
 	case "tcp;ofi_rxm":
-		x.probe.reset(o.ep.name)
+		x.probe.reset(o.ep.name, p.drop)
 		j.Check = tcpPeerAlive
 	}
 	if o.op == completion.Write {
