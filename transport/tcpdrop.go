@@ -188,3 +188,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// Hints for tcp failures whose owner still listens: the connection was
+// dropped by the owner's key check, not by the owner's exit.
+const (
+	hintRejected = "the owner is alive (its endpoint still listens) but dropped the connection: " +
+		"tcp;ofi_rxm's target closes it when it rejects an RMA op's key, address or access " +
+		"(a closed buffer, a stale or altered handle), and so fails this op or another one in flight to that owner with it; " +
+		"check the handle, and get a fresh one from the owner"
+	hintDroppedBefore = "the owner is alive (its endpoint still listens): it dropped the connection after rejecting an earlier op's key, " +
+		"address or access (a closed buffer, a stale or altered handle), and rxm had not connected again within "
+)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
-	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // A tcp;ofi_rxm peer whose process died does not always make its ops
@@ -113,41 +112,81 @@ func tcpPeerAlive(j *completion.Job) error {
 	return nil
 }
 
-// tcpPeerGoneAfter explains a tcp job that failed with cancellations only.
-// rxm reports the ops of a peer that died as FI_ECANCELED, and its
-// prov_errno does not always name the socket error (ENOENT was seen, the
-// same as for a key the owner rejected). One dial of the peer's endpoint
-// tells the two apart: "connection refused" means nothing listens there any
-// more, and the peer is gone. It returns nil when the errors say enough
-// already or the peer still listens.
-func tcpPeerGoneAfter(j *completion.Job, name []byte) error {
-	if len(j.Errs) == 0 {
+// tcpPeerGoneAfter explains a tcp job that failed only with the loss of
+// its connection: FI_ENOTCONN, FI_ECONNRESET, EPIPE, or rxm's flush
+// (FI_ECANCELED, whose prov_errno is whatever errno the thread had left:
+// tcpx_cq_report_error, 1.17). An owner that exited and an owner that
+// rejected an op's key and dropped the connection (tcpdrop.go) give the
+// same errors; dialing the owner's endpoint tells them apart.
+// "Connection refused" means nothing listens there any more: it returns
+// a *completion.PeerGoneError. Two connections aliveRecheck apart mean
+// the owner is alive: the chunk errors' hints then name the rejection,
+// and, when victim (the job met a connection dropped before it started),
+// the earlier op. It returns nil unless the peer is gone.
+func tcpPeerGoneAfter(j *completion.Job, name []byte, victim bool) error {
+	if !connLost(j.Errs, false) {
+		return nil // not only a lost connection: the other errors explain it
+	}
+	addr := sockaddrHostPort(name)
+	if addr == "" {
 		return nil
 	}
-	for _, e := range j.Errs {
-		var ce *completion.Error
-		if !errors.As(e, &ce) || ce.Errno != fabric.ErrCanceled {
-			return nil // not only cancellations: the others explain it
-		}
-		if completion.ConnGone(fabric.Errno(ce.ProvErrno)) {
-			return nil // the socket error already says the connection is gone
-		}
+	state := dialPeer(addr)
+	if state == peerListens || state == peerReset {
+		// An exiting owner's sockets close one by one, the failed
+		// connection before the listener maybe: ask again a moment later.
+		time.Sleep(aliveRecheck)
+		state = dialPeer(addr)
 	}
-	if addr := sockaddrHostPort(name); addr != "" && nothingListens(addr) {
+	switch state {
+	case peerRefused:
 		return tcpPeerGone(j, addr)
+	case peerListens:
+		hint := hintRejected
+		if victim {
+			hint = hintDroppedBefore + staleConnWindow.String() + "; the next op connects again"
+		}
+		for _, e := range j.Errs {
+			var ce *completion.Error
+			if errors.As(e, &ce) {
+				ce.Hint = hint
+			}
+		}
 	}
 	return nil
 }
 
+// aliveRecheck is how long after a first answer tcpPeerGoneAfter dials
+// an owner again: a killed owner's listener was seen to outlive its
+// failed connection by 1.4 ms.
+const aliveRecheck = 50 * time.Millisecond
+
 // nothingListens dials addr once: true when the connection is refused.
 // A live peer, even a stopped one (the kernel completes the handshake),
 // sees a connection that closes at once.
-func nothingListens(addr string) bool {
+func nothingListens(addr string) bool { return dialPeer(addr) == peerRefused }
+
+// dial outcomes
+const (
+	peerUnknown = iota // timed out, unreachable...
+	peerRefused
+	peerReset // the listener reset the connection: it may be closing
+	peerListens
+)
+
+// dialPeer dials addr once and closes the connection at once.
+func dialPeer(addr string) int {
 	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-	if err == nil {
+	switch {
+	case err == nil:
 		c.Close()
+		return peerListens
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return peerRefused
+	case errors.Is(err, syscall.ECONNRESET):
+		return peerReset
 	}
-	return errors.Is(err, syscall.ECONNREFUSED)
+	return peerUnknown
 }
 
 // tcpPeerGone is the error of a tcp job whose peer no longer listens.

@@ -37,24 +37,44 @@ func TestTCPPeerGoneAfter(t *testing.T) {
 	canceled := func(provErrno int) error {
 		return &completion.Error{Op: completion.Read, Errno: fabric.ErrCanceled, ProvErrno: provErrno}
 	}
+	notConn := func() error {
+		return &completion.Error{Op: completion.Read, Errno: fabric.ErrNotConn, ProvErrno: int(syscall.EPIPE)}
+	}
 	tests := []struct {
 		name   string
 		errs   []error
 		peer   []byte
+		victim bool
 		isGone bool
+		hint   string // the chunk errors' hint afterwards, when the owner listens
 	}{
-		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, true},
-		{"canceled, the owner listens (a rejected key)", []error{canceled(2)}, liveName, false},
-		{"the socket error says it already", []error{canceled(int(syscall.ENOTCONN))}, deadName, false},
-		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, false},
-		{"no errors", nil, deadName, false},
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, true, ""},
+		{"canceled, the owner listens (a rejected key)", []error{canceled(2)}, liveName, false, false, "rejects an RMA op's key"},
+		// rxm's prov_errno is a leftover errno: ENOTCONN there does not
+		// mean the owner exited.
+		{"canceled with ENOTCONN, the owner listens", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, false, "rejects an RMA op's key"},
+		{"canceled with ENOTCONN, nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, true, ""},
+		{"not connected, nothing listens", []error{notConn()}, deadName, false, true, ""},
+		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, false, "rejecting an earlier op's key"},
+		{"not only a lost connection", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, false, false, ""},
+		{"no errors", nil, deadName, false, false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &completion.Job{Op: completion.Read, PeerName: "peer-x", Errs: tt.errs}
-			err := tcpPeerGoneAfter(j, tt.peer)
+			err := tcpPeerGoneAfter(j, tt.peer, tt.victim)
 			if !tt.isGone {
 				assert.NoError(t, err)
+				for _, e := range tt.errs {
+					var ce *completion.Error
+					require.ErrorAs(t, e, &ce)
+					if tt.hint != "" {
+						assert.Contains(t, ce.Hint, tt.hint)
+						assert.NotContains(t, ce.Hint, "exited")
+					} else {
+						assert.Empty(t, ce.Hint)
+					}
+				}
 				return
 			}
 			var gone *completion.PeerGoneError

@@ -147,11 +147,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			continue
 		}
 		j := o.x.job
+		victim := false
 		if o.submitted {
 			err := o.b.loop.Wait(ctx, j)
 			if err == nil && o.b.provider == "tcp;ofi_rxm" {
 				// o.x changes when the job is posted again.
-				_, err = m.redoAfterDrop(ctx, o, start, deadline)
+				victim, err = m.redoAfterDrop(ctx, o, start, deadline)
 				j = o.x.job
 			}
 			if err != nil {
@@ -171,7 +172,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			}
 		}
 		if o.b.provider == "tcp;ofi_rxm" {
-			if gone := tcpPeerGoneAfter(j, o.ep.name); gone != nil {
+			if gone := tcpPeerGoneAfter(j, o.ep.name, victim); gone != nil {
 				errs = append(errs, gone) // not a chunk: the explanation, which leads the error
 			}
 		}
