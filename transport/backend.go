@@ -98,8 +98,9 @@ func (b *backend) forget(name []byte) {
 }
 
 type peer struct {
-	addr uint64 // fi_addr_t
-	name string // printable
+	addr uint64    // fi_addr_t
+	name string    // printable
+	drop *connDrop // tcp: its last dropped connection (tcpdrop.go)
 }
 
 func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason, role string, chunkCap uint64) *backend {
@@ -131,8 +132,13 @@ func (b *backend) peer(name []byte) (peer, error) {
 		return peer{}, err
 	}
 	p.name = ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String()
+	p.drop = new(connDrop)
 	b.mu.Lock()
-	b.peers[string(name)] = p
+	if q, ok := b.peers[string(name)]; ok {
+		p = q // another goroutine inserted it first: keep one drop record
+	} else {
+		b.peers[string(name)] = p
+	}
 	b.mu.Unlock()
 	return p, nil
 }
