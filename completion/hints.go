@@ -280,11 +280,18 @@ func LookupHint(provider string, errno fabric.Errno, provErrno int) (HintRow, bo
 // Hint returns the likely meaning of a failed op and its fix, or "".
 func Hint(provider string, errno fabric.Errno, provErrno int) string {
 	if provider == "tcp;ofi_rxm" {
-		// rxm cancels the op and puts the socket error in prov_errno
-		// (1.17), or reports the socket error itself (2.1). The rows'
-		// efa notes would only mislead here.
+		// rxm fails ops posted on a dead connection with the socket error
+		// and flushes those in flight with FI_ECANCELED. The tcp provider
+		// drops the connection both when the owner exits and when it
+		// rejects an op's key (it has no other way to refuse an RMA op),
+		// so only a refused connection says the owner is gone; transport
+		// dials the owner to tell the two apart and rewrites this hint.
+		// The rows' efa notes would only mislead here.
+		if errno == fabric.ErrConnRefused {
+			return "the connection to the peer is gone: nothing listens at its address any more, the peer process exited or closed its endpoint; repeat the bootstrap with the peer's current process"
+		}
 		if ConnGone(errno) || errno == fabric.ErrCanceled && ConnGone(fabric.Errno(provErrno)) {
-			return "the connection to the peer is gone: the peer process exited or its endpoint closed; repeat the bootstrap with the peer's current process"
+			return "the connection to the peer is gone: the peer process exited or closed its endpoint, or the owner rejected an op's key, address or access (a closed buffer, a stale or altered handle) and dropped the connection, which the next op opens again"
 		}
 		if errno == fabric.ErrCanceled {
 			return "tcp;ofi_rxm cancels an op when the target rejects its key or address (buffer closed, or handle altered or stale) or when the connection dropped"

@@ -3,9 +3,9 @@ package transport
 import (
 	"encoding/binary"
 	"fmt"
-	"syscall"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fitransfer/fitransfer/completion"
@@ -33,7 +33,7 @@ type backend struct {
 
 	mu    sync.RWMutex
 	peers map[string]*peer // endpoint name → address
-	added map[string]int  // AddPeer calls not yet undone by RemovePeer, per name
+	added map[string]int   // AddPeer calls not yet undone by RemovePeer, per name
 
 	// shm: ops still in flight to peers that died (see blocked).
 	deadOps   atomic.Int32
@@ -98,8 +98,9 @@ func (b *backend) forget(name []byte) {
 }
 
 type peer struct {
-	addr uint64 // fi_addr_t
-	name string // printable
+	addr uint64    // fi_addr_t
+	name string    // printable
+	drop *connDrop // tcp: its last dropped connection (tcpdrop.go)
 	uses atomic.Int32
 }
 
@@ -171,7 +172,7 @@ func (b *backend) peer(name []byte) (*peer, error) {
 		if addr, err = b.loop.Endpoint().Peer(name); err != nil {
 			return
 		}
-		p = &peer{addr: addr, name: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String()}
+		p = &peer{addr: addr, name: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String(), drop: new(connDrop)}
 		p.uses.Add(1)
 		b.peers[string(name)] = p
 	}); derr != nil {

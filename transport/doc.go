@@ -62,10 +62,10 @@
 // still listens: ErrStaleHandle, whichever check it was — ops of other
 // requests in flight on that connection then read so too) from a dead
 // peer (nothing listens: ErrPeerGone). An op posted to a connection
-// already lost to an owner that still listens (the next one after a
-// refusal, until rxm reconnects) has no class and is retryable. On efa
-// only error numbers
-// whose meaning is unambiguous have a class: an unreachable or unknown
-// peer (prov_errno 13, 14, 15) is a setup or network problem, not a dead
-// one.
+// already lost to an owner that still listens (the next ones after a
+// refusal, until rxm reconnects) is posted again until it reaches the new
+// connection; one still failing so has no class and is retryable. On efa
+// only error numbers whose meaning is unambiguous have a class: an
+// unreachable or unknown peer (prov_errno 13, 14, 15) is a setup or
+// network problem, not a dead one.
 package transport

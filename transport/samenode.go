@@ -226,8 +226,8 @@ type verification struct {
 	once    sync.Once
 	peer    *sameNodePeer
 	err     error
-	gonePID int       // the owner answered an earlier verification, and is gone now
-	expires time.Time // a failure that may not last (no answer): verify again after it
+	gonePID int         // the owner answered an earlier verification, and is gone now
+	expires time.Time   // a failure that may not last (no answer): verify again after it
 	done    atomic.Bool // the fields above are set
 }
 

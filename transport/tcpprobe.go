@@ -18,8 +18,9 @@ import (
 // fail: rxm may keep answering posts with -FI_EAGAIN while it tries to
 // reconnect, until the deadline. So when a tcp job has not completed a
 // chunk for stallProbeAfter, fitransfer dials the peer's endpoint address
-// once (in the background): "connection refused" means nothing listens
-// there any more, and the job ends at once with a *completion.PeerGoneError.
+// once (in the background, ownerLiveness): "connection refused" means
+// nothing listens there any more, and the job ends at once with a
+// *completion.PeerGoneError.
 // A live peer (even a stopped one: the kernel still completes the
 // handshake) sees a connection that closes at once, which its listener
 // drops.
@@ -44,10 +45,11 @@ type tcpProbe struct {
 	completed int
 	since     atomic.Int64  // UnixNano of the last progress or probe
 	state     atomic.Uint64 // generation<<probeStateBits | state
+	drop      *connDrop     // the peer's last dropped connection (tcpdrop.go)
 }
 
-func (p *tcpProbe) reset(name []byte) {
-	p.name, p.addr, p.completed = name, "", 0
+func (p *tcpProbe) reset(name []byte, drop *connDrop) {
+	p.name, p.addr, p.completed, p.drop = name, "", 0, drop
 	p.since.Store(time.Now().UnixNano())
 	gen := p.state.Load()>>probeStateBits + 1
 	p.state.Store(gen<<probeStateBits | probeIdle)
@@ -100,9 +102,12 @@ func tcpPeerAlive(j *completion.Job) error {
 		if !p.state.CompareAndSwap(st, gen|probeRunning) {
 			return nil
 		}
+		// No connection is known lost, and the last sign of life is at
+		// least stallProbeAfter old: one dial, no wait; the probe repeats.
+		lastProgress := time.Unix(0, p.since.Load())
 		go func(addr string) {
 			next := probeIdle
-			if nothingListens(addr) {
+			if ownerLiveness(addr, lastProgress) == ownerGone {
 				next = probeRefused
 			} else if p.state.Load() == gen|probeRunning {
 				p.since.Store(time.Now().UnixNano())
@@ -113,75 +118,114 @@ func tcpPeerAlive(j *completion.Job) error {
 	return nil
 }
 
-// tcpExplain classifies a tcp job that failed with cancellations and lost
-// connections only, which do not say themselves whether the peer is gone.
-// tcp;ofi_rxm flushes the ops of a connection that was shut down with
-// FI_ECANCELED: the owner died, or it refused an op (its key, range or
-// access check failed, and it closes the connection). Their prov_errno is
-// the progress thread's leftover errno (ENOENT and ENOTCONN were both
-// seen for a refusal), not a cause. An op posted to a connection already
-// lost fails with FI_ENOTCONN (or another socket error). One dial of the
-// peer's endpoint tells them apart: nothing listens there any more, and
-// the peer is gone (ErrPeerGone); the owner still listens and shut the
-// connection down under a cancelled op: it refused it (ErrStaleHandle —
-// and so do ops of other requests that were in flight on that connection
-// then: the provider does not say which op it refused); the owner still
-// listens and the connection was already lost: transient, no
-// explanation. It returns nil when the errors say enough already.
-func tcpExplain(j *completion.Job, name []byte) error {
-	if len(j.Errs) == 0 {
+// tcpExplain classifies a tcp job that failed only with the loss of its
+// connection (connLost), which does not say itself whether the peer is
+// gone. tcp;ofi_rxm flushes the ops in flight on a connection that was
+// shut down with FI_ECANCELED: the owner died, or it refused an op (its
+// key, range or access check failed, and the tcp provider has no other
+// way to refuse an RMA op than closing the connection: tcpdrop.go). Their
+// prov_errno is the progress thread's leftover errno (ENOENT and ENOTCONN
+// were both seen for a refusal), not a cause. An op posted to a
+// connection already lost fails with FI_ENOTCONN (or another socket
+// error). ownerLiveness tells them apart:
+//   - nothing listens: the peer is gone, a *completion.PeerGoneError
+//     (ErrPeerGone);
+//   - the owner still listens and shut the connection down under a
+//     cancelled op: it refused it, an error wrapping ErrStaleHandle (and
+//     so do ops of other requests that were in flight on that connection
+//     then: the provider does not say which op it refused);
+//   - the owner still listens and the op met a connection already lost:
+//     transient, no explanation.
+//
+// When the owner listens, the chunk errors' hints name the rejection
+// instead of an exited peer; when victim (the job met the connection an
+// earlier rejection dropped, and redoAfterDrop posted it again until
+// staleConnWindow ran out), the earlier op. It returns nil when the errors
+// say enough already, or the owner cannot be reached to ask.
+func tcpExplain(j *completion.Job, name []byte, victim bool) error {
+	if !connLost(j.Errs, false) {
+		return nil // a timeout, the stall probe's verdict, other errors: they explain it
+	}
+	addr := sockaddrHostPort(name)
+	if addr == "" {
 		return nil
+	}
+	switch ownerLiveness(addr, time.Now()) {
+	case ownerGone:
+		return tcpPeerGone(j, addr)
+	case ownerUnknown:
+		return nil
+	}
+	hint := hintRejected
+	if victim {
+		hint = hintDroppedBefore + staleConnWindow.String() + "; the next op connects again"
 	}
 	refused := false
 	for _, e := range j.Errs {
 		var ce *completion.Error
-		switch {
-		case !errors.As(e, &ce):
-			return nil // a timeout, or the stall probe's verdict: they explain it
-		case ce.Errno == fabric.ErrCanceled:
-			refused = true
-		case completion.ConnGone(ce.Errno):
-			// posted to a lost connection
-		default:
-			return nil // the others explain it
+		if errors.As(e, &ce) {
+			ce.Hint = hint
+			refused = refused || ce.Errno == fabric.ErrCanceled
 		}
 	}
-	addr := sockaddrHostPort(name)
-	switch {
-	case addr == "":
+	if !refused {
 		return nil
-	case nothingListens(addr):
-		return tcpPeerGone(j, addr)
-	case refused:
-		return fmt.Errorf("%w: the owner at %s still listens but refused the op: its key, range or access check failed "+
-			"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", ErrStaleHandle, addr)
 	}
-	return nil
+	return fmt.Errorf("%w: the owner at %s still listens but refused the op: its key, range or access check failed "+
+		"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", ErrStaleHandle, addr)
 }
 
-// nothingListens dials addr once: true when the connection is refused, or
-// reset by a listener that is closing. A process being killed closes its
-// connections and its listener one after the other, so a dial right after
-// a lost connection can reach the listener's backlog just before it
-// closes: then the connection is reset, during the dial or within
-// closingListener after it. A live peer, even a stopped one (the kernel
-// completes the handshake), sees a connection that closes at once.
-func nothingListens(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-	if err != nil {
-		return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+// liveness is what dialing a tcp owner's endpoint tells.
+type liveness int
+
+const (
+	ownerUnknown liveness = iota // the dial timed out or failed otherwise: unreachable, maybe
+	ownerGone                    // refused, or reset by a listener that is closing
+	ownerListens
+)
+
+// ownerLiveness dials the owner's endpoint at addr to tell a live owner
+// from one whose process exited or is exiting, after a connection to it
+// was lost at lostAt. A refused dial means nothing listens there any
+// more. A process being killed closes its connections and its listener
+// one after the other (a killed owner's listener was seen to outlive its
+// failed connection by 1.4 ms), so a dial soon after a lost connection
+// can still reach the listener: until aliveRecheck after lostAt the
+// connection is watched, and a listener that closes meanwhile resets it
+// (the kernel resets what waits in a closing listener's backlog); then
+// the owner is dialed once more, and a refusal means it is gone. A live
+// owner, even a stopped one (the kernel completes the handshake), sees
+// connections that close without a word. The wait is paid only by a dial
+// within aliveRecheck of lostAt, and only after a failure or a stall.
+func ownerLiveness(addr string, lostAt time.Time) liveness {
+	settled := lostAt.Add(aliveRecheck)
+	watch := time.Now().Before(settled) // the listener may still be closing
+	for {
+		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+			return ownerGone
+		case err != nil:
+			return ownerUnknown
+		case !watch:
+			c.Close()
+			return ownerListens
+		}
+		watch = false
+		_ = c.SetReadDeadline(settled)
+		var b [1]byte
+		_, err = c.Read(b[:])
+		c.Close()
+		if errors.Is(err, syscall.ECONNRESET) {
+			return ownerGone
+		}
+		time.Sleep(time.Until(settled)) // when the owner closed it early; then dial again
 	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(closingListener))
-	var b [1]byte
-	_, err = c.Read(b[:])
-	return errors.Is(err, syscall.ECONNRESET)
 }
 
-// closingListener is how long nothingListens waits for the reset of a
-// listener that is closing; it closes within the same exit as the
-// connection whose loss led to the dial.
-const closingListener = 20 * time.Millisecond
+// aliveRecheck is how long after a lost connection ownerLiveness still
+// takes a listener for one that may be closing in its process's exit.
+const aliveRecheck = 50 * time.Millisecond
 
 // tcpPeerGone is the error of a tcp job whose peer no longer listens.
 func tcpPeerGone(j *completion.Job, addr string) error {

@@ -3,9 +3,11 @@ package transport
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,28 +46,48 @@ func TestTCPExplain(t *testing.T) {
 	canceled := func(provErrno int) error {
 		return &completion.Error{Op: completion.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: provErrno}
 	}
-	notConn := &completion.Error{Op: completion.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrNotConn, ProvErrno: int(syscall.EPIPE)}
+	notConn := func() error {
+		return &completion.Error{Op: completion.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrNotConn, ProvErrno: int(syscall.EPIPE)}
+	}
+	const rejected, droppedBefore = "rejects an RMA op's key", "rejecting an earlier op's key"
 	tests := []struct {
-		name string
-		errs []error
-		peer []byte
-		want error // nil: no explanation
+		name   string
+		errs   []error
+		peer   []byte
+		victim bool   // the job met the connection an earlier rejection dropped
+		want   error  // nil: no explanation
+		hint   string // the chunk errors' hint afterwards ("": unchanged)
 	}{
-		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, ErrPeerGone},
-		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, ErrStaleHandle},
-		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, ErrPeerGone},
-		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, ErrStaleHandle},
-		{"canceled and not connected, the owner listens", []error{canceled(2), notConn}, liveName, ErrStaleHandle},
-		{"not connected, nothing listens", []error{notConn}, deadName, ErrPeerGone},
-		{"not connected, the owner listens", []error{notConn}, liveName, nil},
-		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, nil},
-		{"a timeout", []error{&completion.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, nil},
-		{"no errors", nil, deadName, nil},
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, ErrPeerGone, ""},
+		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, ErrStaleHandle, rejected},
+		// rxm's prov_errno is a leftover errno: ENOTCONN there does not
+		// mean the owner exited.
+		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, ErrPeerGone, ""},
+		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, ErrStaleHandle, rejected},
+		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, ErrStaleHandle, rejected},
+		{"not connected, nothing listens", []error{notConn()}, deadName, false, ErrPeerGone, ""},
+		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected},
+		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore},
+		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
+		{"a timeout", []error{&completion.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, false, nil, ""},
+		{"no errors", nil, deadName, false, nil, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &completion.Job{Op: completion.Read, PeerName: "peer-x", Errs: tt.errs}
-			err := tcpExplain(j, tt.peer)
+			err := tcpExplain(j, tt.peer, tt.victim)
+			for _, e := range tt.errs {
+				var ce *completion.Error
+				if !errors.As(e, &ce) {
+					continue
+				}
+				if tt.hint != "" {
+					assert.Contains(t, ce.Hint, tt.hint)
+					assert.NotContains(t, ce.Hint, "exited")
+				} else {
+					assert.Empty(t, ce.Hint)
+				}
+			}
 			if tt.want == nil {
 				assert.NoError(t, err)
 				return
@@ -88,21 +110,29 @@ func TestTCPExplain(t *testing.T) {
 	}
 }
 
-// TestNothingListens: a refused dial, and a connection reset at once (a
-// listener closing in its process's exit resets what waits in its
-// backlog), mean nothing listens; a listener that never accepts (a
-// stopped process: the kernel completes the handshake) still listens.
-func TestNothingListens(t *testing.T) {
+// TestOwnerLiveness: a refused dial, and a connection reset while
+// ownerLiveness watches it (a listener closing in its process's exit
+// resets what waits in its backlog), mean the owner is gone; so does a
+// listener that closes before the second dial, aliveRecheck after the
+// lost connection. A listener that never accepts (a stopped process: the
+// kernel completes the handshake) still listens, and a dial long after
+// the lost connection does not wait.
+func TestOwnerLiveness(t *testing.T) {
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	closedAddr := closed.Addr().String()
 	require.NoError(t, closed.Close())
-	assert.True(t, nothingListens(closedAddr), "refused")
+	assert.Equal(t, ownerGone, ownerLiveness(closedAddr, time.Now()), "refused")
 
 	stopped, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer stopped.Close()
-	assert.False(t, nothingListens(stopped.Addr().String()), "a listener that does not accept")
+	start := time.Now()
+	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start), "a listener that does not accept")
+	assert.GreaterOrEqual(t, time.Since(start), aliveRecheck, "asked again aliveRecheck after the loss")
+	start = time.Now()
+	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start.Add(-aliveRecheck)), "long after the loss")
+	assert.Less(t, time.Since(start), aliveRecheck, "one dial, no wait")
 
 	closing, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -115,5 +145,38 @@ func TestNothingListens(t *testing.T) {
 		_ = c.(*net.TCPConn).SetLinger(0) // close with a reset, as a closing listener does
 		_ = c.Close()
 	}()
-	assert.True(t, nothingListens(closing.Addr().String()), "reset right after the dial")
+	assert.Equal(t, ownerGone, ownerLiveness(closing.Addr().String(), time.Now()), "reset right after the dial")
+
+	// The owner's connection is accepted and closed without a reset (its
+	// process had accepted it), and its listener closes a moment later.
+	late, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() {
+		c, err := late.Accept()
+		if err == nil {
+			_ = c.Close()
+		}
+		time.Sleep(5 * time.Millisecond)
+		_ = late.Close()
+	}()
+	assert.Equal(t, ownerGone, ownerLiveness(late.Addr().String(), time.Now()), "the listener closed before the second dial")
+}
+
+// TestConnDrop: which failures count as victims of an earlier drop.
+func TestConnDrop(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	var d connDrop
+	assert.False(t, d.victim(5*ms, 6*ms), "no drop seen")
+	d.saw(10 * ms)
+	assert.False(t, d.victim(9*ms, 11*ms), "started before the drop: maybe the rejected op")
+	assert.True(t, d.victim(11*ms, 12*ms), "started after the drop")
+	assert.False(t, d.victim(11*ms, 10*ms+int64(staleConnWindow)), "the window is over")
+	d.saw(20 * ms) // an op already in flight at the first drop: the same drop
+	assert.Equal(t, 10*ms, d.at.Load())
+	d.ok(30 * ms)
+	assert.True(t, d.victim(25*ms, 31*ms), "started before the success: it may have met the dead connection")
+	assert.False(t, d.victim(35*ms, 36*ms), "started on a working connection: its own rejection")
+	d.saw(40 * ms) // after a success: a new drop
+	assert.Equal(t, 40*ms, d.at.Load())
+	assert.True(t, d.victim(41*ms, 42*ms))
 }

@@ -155,8 +155,15 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		o := &ops[i]
 		for o.x != nil { // each part of the op
 			j := o.x.job
+			victim := false
 			if o.submitted {
-				if err := o.b.loop.Wait(ctx, j); err != nil {
+				err := o.b.loop.Wait(ctx, j)
+				if err == nil && o.b.provider == "tcp;ofi_rxm" {
+					// o.x changes when the job is posted again.
+					victim, err = m.redoAfterDrop(ctx, o, start, deadline)
+					j = o.x.job
+				}
+				if err != nil {
 					// Wedged: the job stays the loop's; its xfer is left.
 					errs = append(errs, err)
 					failed++
@@ -174,7 +181,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 				}
 			}
 			if o.b.provider == "tcp;ofi_rxm" {
-				if why := tcpExplain(j, o.ep.name); why != nil {
+				if why := tcpExplain(j, o.ep.name, victim); why != nil {
 					// Not a chunk: the explanation, ahead of the job's
 					// errors so that the message leads with it.
 					errs = slices.Insert(errs, first, why)
@@ -400,7 +407,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	case "shm":
 		x.pid, j.Check = o.peer.pid, peerAlive
 	case "tcp;ofi_rxm":
-		x.probe.reset(o.ep.name)
+		x.probe.reset(o.ep.name, p.drop)
 		j.Check = tcpPeerAlive
 	}
 	if o.op == completion.Write {

@@ -81,7 +81,7 @@ func (x *xfer) release() {
 		x.peer = nil
 	}
 	x.m, x.b, x.local, x.target, x.scratch, x.pid, x.dead, x.stuck = nil, nil, nil, nil, x.scratch[:0], 0, false, false
-	x.probe.name = nil
+	x.probe.name, x.probe.drop = nil, nil
 	x.job.Reset()
 	xferPool.Put(x)
 }

@@ -1,0 +1,204 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+// The tcp provider cannot refuse one RMA op: when the owner's key check
+// fails (ofi_mr_verify in tcpx_op_read_req / tcpx_op_write, 1.17;
+// xnet_handle_read_req / xnet_handle_write, 2.1) its progress loop shuts
+// the connection down. The initiator's rxm hears of it from its internal
+// event queue, which it reads at most every FI_OFI_RXM_CM_PROGRESS_INTERVAL
+// (10 ms); until then it posts new ops on the dead socket, where they fail
+// at once with FI_ENOTCONN, and afterwards it reconnects by itself. So an
+// op that started after such a drop and failed on the dead connection is
+// posted again, while its owner is alive, until rxm has a new connection.
+// Reads and writes of the same bytes to the same place are idempotent.
+
+// connDrop is the last dropped connection fitransfer saw to one tcp peer.
+type connDrop struct {
+	at      atomic.Int64 // UnixNano when a drop was seen; 0: none
+	healthy atomic.Int64 // UnixNano of the first success to the peer after it
+}
+
+// dropRetryPause is the pause between attempts on a dropped connection:
+// the post fails within microseconds until rxm has read its event queue,
+// and spinning on it would only burn the CPU rxm's peer needs.
+const dropRetryPause = time.Millisecond
+
+// staleConnWindow is how long after a drop ops are retried: rxm replaces
+// the connection within one or two of its connection-progress intervals,
+// so an op still failing after ten is failing for a reason of its own
+// (its own key, say), and stops tearing the connection down.
+var staleConnWindow = func() time.Duration {
+	interval := 10 * time.Millisecond // rxm's default (rxm_init.c)
+	if us, err := strconv.Atoi(os.Getenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL")); err == nil && us > 0 {
+		interval = time.Duration(us) * time.Microsecond
+	}
+	return max(10*interval, 100*time.Millisecond)
+}()
+
+// ok records a success to the peer: the connection works again.
+func (d *connDrop) ok(now int64) {
+	if at := d.at.Load(); at != 0 && d.healthy.Load() <= at {
+		d.healthy.Store(now)
+	}
+}
+
+// saw records a drop seen at now, unless it belongs to the drop already
+// recorded (one within the window and not yet followed by a success).
+func (d *connDrop) saw(now int64) {
+	at := d.at.Load()
+	if at != 0 && now-at < int64(staleConnWindow) && d.healthy.Load() <= at {
+		return
+	}
+	d.at.Store(now)
+}
+
+// victim reports whether an attempt that started at start and failed at
+// now may have met the connection the last drop left dead: it started
+// after the drop, before any success since, within the window. An attempt
+// that started earlier may have been the rejected op itself.
+func (d *connDrop) victim(start, now int64) bool {
+	at := d.at.Load()
+	if at == 0 || start <= at || now-at >= int64(staleConnWindow) {
+		return false
+	}
+	h := d.healthy.Load()
+	return h <= at || start < h
+}
+
+// connLost reports whether every error of a job is its connection's loss:
+// a socket error (completion.ConnGone: FI_ENOTCONN, FI_ECONNRESET,
+// FI_ECONNREFUSED, EPIPE) of an op posted to a lost connection, or,
+// unless deadSocketOnly, rxm's flush (FI_ECANCELED) of ops it had in
+// flight when the connection went down.
+func connLost(errs []error, deadSocketOnly bool) bool {
+	if len(errs) == 0 {
+		return false
+	}
+	for _, e := range errs {
+		var ce *completion.Error
+		switch {
+		case !errors.As(e, &ce):
+			return false
+		case ce.Errno == fabric.ErrCanceled:
+			if deadSocketOnly {
+				return false
+			}
+		case !completion.ConnGone(ce.Errno):
+			return false
+		}
+	}
+	return true
+}
+
+// redoAfterDrop posts o's job again while it failed only because it met
+// a tcp connection that the owner had dropped after rejecting an earlier
+// op, and the owner still listens (ownerLiveness, asked once, before the
+// first retry). It reports whether the job's final failure is such a
+// victim, and returns a *WedgedError from Wait. It costs nothing to a job
+// that succeeded or failed otherwise.
+func (m *Manager) redoAfterDrop(ctx context.Context, o *opSpec, start, deadline time.Time) (bool, error) {
+	d := o.x.probe.drop
+	if d == nil {
+		return false, nil
+	}
+	attempt, tries := start.UnixNano(), 0
+	for {
+		j := o.x.job
+		now := time.Now().UnixNano()
+		if len(j.Errs) == 0 {
+			d.ok(now)
+			return false, nil
+		}
+		if !connLost(j.Errs, false) {
+			return false, nil // other errors: they explain it
+		}
+		// A retry that fails otherwise than on the dead socket reached a
+		// live connection and lost it: its own key was rejected, most
+		// likely, and posting it again would only drop the next one.
+		onDead := connLost(j.Errs, true)
+		if tries > 0 && !onDead || !d.victim(attempt, now) {
+			d.saw(now)
+			return tries > 0 && onDead, nil
+		}
+		if tries == 0 {
+			// The connection was lost at the drop: a dial aliveRecheck
+			// after it, as here after a rejection that tcpExplain has
+			// explained, need not wait.
+			addr := sockaddrHostPort(o.ep.name)
+			if addr == "" || ownerLiveness(addr, time.Unix(0, d.at.Load())) != ownerListens {
+				return false, nil // the owner is gone, or cannot be asked: tcpExplain says so
+			}
+		}
+		if nowFunc().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
+			return true, nil
+		}
+		attempt, tries = time.Now().UnixNano(), tries+1
+		nx, err := m.resubmit(o, start, deadline)
+		if err != nil {
+			return true, nil // closing: the failure stands
+		}
+		old := o.x
+		o.x = nx
+		old.release()
+		if err := o.b.loop.Wait(ctx, nx.job); err != nil {
+			return true, err
+		}
+	}
+}
+
+// resubmit builds the part of o that its finished job o.x covered again,
+// in a new xfer holding o's local buffer once more, and submits it. It
+// fails when the manager or the loop is closing.
+func (m *Manager) resubmit(o *opSpec, start, deadline time.Time) (*xfer, error) {
+	if err := m.acquire(); err != nil {
+		return nil, err
+	}
+	defer m.releaseManager()
+	nx := m.newXfer(o.b)
+	nx.local = o.x.local
+	nx.local.hold()           // o.x holds it until it is released: as nextPart's next part
+	o.sent -= o.x.job.Bytes() // fill starts where the finished job started
+	if err := m.fill(nx, o, start, deadline); err != nil {
+		nx.release()
+		return nil, err
+	}
+	if err := nx.submit(); err != nil {
+		nx.release()
+		return nil, err
+	}
+	return nx, nil
+}
+
+// sleepCtx sleeps for d, or less when ctx ends: false then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Hints for tcp failures whose owner still listens: the connection was
+// dropped by the owner's key check, not by the owner's exit.
+const (
+	hintRejected = "the owner is alive (its endpoint still listens) but dropped the connection: " +
+		"tcp;ofi_rxm's target closes it when it rejects an RMA op's key, address or access " +
+		"(a closed buffer, a stale or altered handle), and so fails this op or another one in flight to that owner with it; " +
+		"check the handle, and get a fresh one from the owner"
+	hintDroppedBefore = "the owner is alive (its endpoint still listens): it dropped the connection after rejecting an earlier op's key, " +
+		"address or access (a closed buffer, a stale or altered handle), and rxm had not connected again within "
+)
