@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"fmt"
 	"net"
 	"sync"
@@ -70,10 +71,18 @@ type Server struct {
 	pending  chan struct{}                // a place per client not yet admitted
 }
 
-// refuse tells a client it cannot be served, and hangs up.
+// refuse tells a client it cannot be served, and hangs up: the write
+// side first, then, after reading what the client sent meanwhile (for a
+// second at most), the rest — closing with unread bytes would reset the
+// connection, and the client could lose the message.
 func refuse(c net.Conn, err error) {
 	conn := bootstrap.NewConn(c, time.Second)
 	_ = conn.Send(bootstrap.Message{Type: bootstrap.TypeError, Error: err.Error()})
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+		_ = tc.SetReadDeadline(time.Now().Add(time.Second))
+		_, _ = io.Copy(io.Discard, io.LimitReader(tc, 1<<20))
+	}
 	_ = conn.Close()
 }
 

@@ -298,9 +298,11 @@ func (st *bufState) deregister() {
 	st.deregistered = true
 	st.mu.Unlock()
 	for _, b := range st.m.backends().all {
-		if b.index >= len(st.mrs) || st.mrs[b.index] == nil || b.retired.Load() {
+		if b.index >= len(st.mrs) || b.retired.Load() {
 			continue // a retired backend's loop is stuck: its MRs stay
 		}
+		// st.mrs[i] is read and cleared only on backend i's loop: a
+		// Manager.Close closing the same MR runs there too.
 		if err := b.loop.Do(func() { st.closeMR(b.index) }); err != nil {
 			// The loop is closing: Manager.Close closes the MR.
 			continue

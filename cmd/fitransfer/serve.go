@@ -45,16 +45,24 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *token == "" {
 		*token = os.Getenv(tokenEnv)
 	}
+	derived := false
 	if mf.source == "" {
 		// Data follows control: a server told to listen on one address
 		// sends its RMA traffic through that address's interface too.
 		if host, _, err := net.SplitHostPort(*listen); err == nil && !wildcardHost(host) {
-			mf.source = host
+			mf.source, derived = host, true
 		}
 	}
 	ctx, stop := interruptible()
 	defer stop()
 	m, err := mf.open(ctx)
+	if err != nil && derived {
+		// No tcp endpoint on the listen address (FI_PROVIDER leaves tcp
+		// out, say): serve with what the machine has, and say so.
+		fmt.Fprintf(stderr, "fitransfer serve: no tcp endpoint on %s (%v); serving without one bound there\n", mf.source, oneLine(err))
+		mf.source = ""
+		m, err = mf.open(ctx)
+	}
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}

@@ -164,3 +164,17 @@ func TestServeDataFollowsControl(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "pingpong session") }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "127.0.0.1", sourceToward(addr), "the client's endpoint")
 }
+
+// TestServeListenHostWithoutTCP: data follows control only where tcp can
+// bind the listen address; a machine whose libfabric offers no tcp
+// (FI_PROVIDER leaves it out) still serves, and says so.
+func TestServeListenHostWithoutTCP(t *testing.T) {
+	cmd := cliCommand(t, "serve", "--listen", "127.0.0.1:0", "--size", "64k")
+	cmd.Env = append(cmd.Env, "FI_PROVIDER=shm")
+	srvErr := &syncLog{}
+	cmd.Stderr = logWriter{srvErr}
+	addr, _ := runServer(t, cmd)
+	assert.Contains(t, srvErr.String(), "no tcp endpoint on 127.0.0.1")
+	_, stderr, code := runCLI("read", addr, "-p", "shm", "-S", "4k", "-I", "5", "-v")
+	require.Equal(t, exitOK, code, stderr)
+}
