@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 )
 
@@ -15,6 +16,7 @@ var fitransferBin string
 
 func TestMain(m *testing.M) {
 	testpeer.MaybeRun() // child owners and initiators
+	testenv.LoopbackOnly()
 	dir, err := os.MkdirTemp("", "fitransfer-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

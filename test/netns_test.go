@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
 // hosts is two network namespaces joined by a veth pair: two hosts on
@@ -65,7 +67,13 @@ func newHosts(t *testing.T) *hosts {
 
 // in returns a command running fitransfer in namespace ns.
 func in(ctx context.Context, ns string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, fitransferBin}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, fitransferBin}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, testenv.TCPIfaceEnv+"=") { // the namespace's host talks over its veth
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	return cmd
 }
 
 // server is a `fitransfer serve` in a namespace and the lines it printed.

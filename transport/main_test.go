@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -15,6 +16,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testpeer.MaybeRun() // child owner processes
+	testenv.LoopbackOnly()
 	os.Exit(m.Run())
 }
 

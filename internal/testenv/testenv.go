@@ -30,3 +30,18 @@ func RequireRoot(t testing.TB) {
 		Missing(t, fmt.Sprintf("needs root, runs as uid %d", os.Geteuid()))
 	}
 }
+
+// LoopbackOnly keeps libfabric's tcp provider on the loopback interface
+// (FI_TCP_IFACE=lo) for this process and the processes it starts, unless
+// the environment already says otherwise: tests send their traffic to
+// addresses of this machine only, and to loopback wherever they can.
+// Tests that run commands in network namespaces of their own take it out
+// of those commands' environment.
+func LoopbackOnly() {
+	if _, set := os.LookupEnv(TCPIfaceEnv); !set {
+		_ = os.Setenv(TCPIfaceEnv, "lo")
+	}
+}
+
+// TCPIfaceEnv is libfabric's tcp provider's interface filter.
+const TCPIfaceEnv = "FI_TCP_IFACE"
