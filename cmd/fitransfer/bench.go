@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -439,9 +440,19 @@ func runPeerTool(ctx context.Context, tool string, args []string, timeout time.D
 		return 0, 0, err
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	time.Sleep(700 * time.Millisecond)
-	cli := exec.CommandContext(ctx, tool, append(append(append([]string{}, args...), local...), "127.0.0.1")...)
-	out, err := cli.Output()
+	// The client connects to the server's control port; until the
+	// server listens there it exits at once with ECONNREFUSED (111):
+	// try again until it is up, instead of guessing how long that takes.
+	var out []byte
+	var err error
+	for {
+		cli := exec.CommandContext(ctx, tool, append(append(append([]string{}, args...), local...), "127.0.0.1")...)
+		out, err = cli.Output()
+		var ee *exec.ExitError
+		if err == nil || !errors.As(err, &ee) || ee.ExitCode() != int(syscall.ECONNREFUSED) || !sleepCtx(ctx, 50*time.Millisecond) {
+			break
+		}
+	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("%s: %v", filepath.Base(tool), err)
 	}
@@ -457,4 +468,16 @@ func runPeerTool(ctx context.Context, tool string, args []string, timeout time.D
 	}
 	time.Sleep(300 * time.Millisecond)
 	return mbps, usec, nil
+}
+
+// sleepCtx sleeps for d, or less when ctx ends: false then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

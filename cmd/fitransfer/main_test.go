@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"os"
 	"testing"
-
-	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
 // asCLI makes this test binary behave as the fitransfer binary, for
@@ -20,7 +18,6 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asCLI) == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	testenv.LoopbackOnly()
 	os.Exit(m.Run())
 }
 
