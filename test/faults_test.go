@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -114,7 +114,7 @@ func TestOwnerKilled(t *testing.T) {
 				assert.Contains(t, err.Error(), peer, "the error names the peer")
 				assert.ErrorIs(t, err, transport.ErrPeerGone, "the same class on every route")
 				assert.False(t, transport.Retryable(err), "retrying cannot bring the peer back")
-				var gone *completion.PeerGoneError
+				var gone *progress.PeerGoneError
 				if errors.As(err, &gone) {
 					assert.NotEmpty(t, gone.Cause, "how it is known")
 				}
@@ -160,7 +160,7 @@ func TestInitiatorKilled(t *testing.T) {
 				victim.Kill()
 
 				// The owner still registers (a stuck shm endpoint is
-				// detected within completion.WedgeAfter and replaced)...
+				// detected within progress.WedgeAfter and replaced)...
 				fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
 				require.NoError(t, err, "the owner registers after its initiator died")
 				// ...and serves another initiator.

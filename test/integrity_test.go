@@ -21,9 +21,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -44,8 +44,8 @@ const (
 	integrityTimeout = 5 * time.Second
 	// hangGrace: how long past its deadline a call may take before the
 	// watchdog calls it a hang (a stuck libfabric call is reported as
-	// wedged after completion.WedgeAfter).
-	hangGrace       = completion.WedgeAfter + 2*time.Second
+	// wedged after progress.WedgeAfter).
+	hangGrace       = progress.WedgeAfter + 2*time.Second
 	shownViolations = 20
 	closedKept      = 8 // closed buffers a worker keeps per owner for ops that must fail
 )

@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -51,7 +51,7 @@ func TestRejectedOpKeepsPeer(t *testing.T) {
 				err := transfer(ctx, m, op, local, bad.h)
 				require.Error(t, err)
 				t.Logf("rejected %s: %v", op, err)
-				var ce *completion.Error
+				var ce *progress.Error
 				require.True(t, errors.As(err, &ce), "a chunk error: %v", err)
 				assert.ErrorIs(t, err, transport.ErrStaleHandle, "the owner still listens: it refused the op")
 				assert.Contains(t, ce.Hint, "rejects an RMA op's key")

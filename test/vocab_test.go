@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -60,7 +60,7 @@ func newVocabOwner(t *testing.T, route string, m *transport.Manager, n int) *voc
 
 // vocabCase is one failure, with the class it must have on each route
 // (a route it does not apply to is absent), whether Retryable holds, and
-// whether the provider's *completion.Error is underneath, per route (a
+// whether the provider's *progress.Error is underneath, per route (a
 // route absent from underneath is not checked).
 type vocabCase struct {
 	name string
@@ -78,7 +78,7 @@ func onEveryRoute(class error) map[string]error {
 }
 
 // tcpRefused: only tcp;ofi_rxm's owner refuses the op itself (its provider
-// checks keys), and its *completion.Error stays underneath.
+// checks keys), and its *progress.Error stays underneath.
 var tcpRefused = map[string]bool{"memcpy": false, "cma": false, "shm": false, tcp: true}
 
 // noProviderError: fitransfer decides before anything reaches a provider.
@@ -150,7 +150,7 @@ func vocabTable(n int) []vocabCase {
 			want: onEveryRoute(transport.ErrTimeout), retryable: true, underneath: noProviderError},
 		{name: "context canceled", target: rwBuf, ctx: canceled,
 			want: onEveryRoute(context.Canceled), underneath: noProviderError},
-		// On tcp;ofi_rxm the lost connection's *completion.Error is there
+		// On tcp;ofi_rxm the lost connection's *progress.Error is there
 		// when rxm reports it before fitransfer's stall probe finds that
 		// nothing listens: timing, so not checked there.
 		{name: "owner killed", target: rwBuf,
@@ -218,9 +218,9 @@ func TestErrorVocabulary(t *testing.T) {
 							assert.ErrorIs(t, err, context.DeadlineExceeded, "%s", op)
 						}
 						assert.Equal(t, c.retryable, transport.Retryable(err), "%s: Retryable", op)
-						var ce *completion.Error
+						var ce *progress.Error
 						if want, checked := c.underneath[route]; checked {
-							assert.Equal(t, want, errors.As(err, &ce), "%s: the provider's *completion.Error underneath", op)
+							assert.Equal(t, want, errors.As(err, &ce), "%s: the provider's *progress.Error underneath", op)
 						}
 						if op == "read" {
 							assert.Equal(t, testpeer.Pattern(2*n, 99), mem, "read: the local buffer changed")

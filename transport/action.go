@@ -7,7 +7,7 @@ import (
 	"sort"
 	"unsafe"
 
-	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // Action is a batch of reads and writes submitted together: all of them
@@ -35,7 +35,7 @@ func (a *Action) ReadInto(dst *Buffer, src RemoteBuffer) *Action {
 	case dst.Len() < src.Len():
 		a.fail(fmt.Errorf("%w: op %d reads %d bytes into a %d-byte buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
 	default:
-		a.ops = append(a.ops, opSpec{op: completion.Read, local: view{dst.st, dst.off, src.Len()}, remote: src})
+		a.ops = append(a.ops, opSpec{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src})
 	}
 	return a
 }
@@ -48,7 +48,7 @@ func (a *Action) WriteFrom(dst RemoteBuffer, src *Buffer) *Action {
 	case src.Len() > dst.Len():
 		a.fail(fmt.Errorf("%w: op %d writes %d bytes into a %d-byte remote buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
 	default:
-		a.ops = append(a.ops, opSpec{op: completion.Write, local: view{src.st, src.off, src.n}, remote: dst})
+		a.ops = append(a.ops, opSpec{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst})
 	}
 	return a
 }
@@ -112,7 +112,7 @@ func conflicts(ops []opSpec) error {
 		if o.local.n == 0 {
 			continue
 		}
-		rs = append(rs, rng{o.local.st, o.local.off, o.local.off + o.local.n, o.op == completion.Read, i})
+		rs = append(rs, rng{o.local.st, o.local.off, o.local.off + o.local.n, o.op == progress.Read, i})
 	}
 	sort.Slice(rs, func(i, j int) bool {
 		if rs[i].st != rs[j].st {

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // processGone reports whether process pid has exited, and how that is
@@ -55,13 +55,13 @@ func processGone(pid int) (bool, string) {
 // except that when that peer itself is gone the op fails as
 // ErrPeerGone: toward a dead peer, the dead peer is the cause. The
 // liveness check runs only on this rare path, not for every op.
-func (b *backend) blockedOrGone(op completion.Op, name []byte) error {
+func (b *backend) blockedOrGone(op progress.Op, name []byte) error {
 	err := b.blocked()
 	if err == nil {
 		return nil
 	}
 	if gone, why := processGone(shmPeerPID(name)); gone {
-		return &completion.PeerGoneError{Op: op, Provider: b.provider,
+		return &progress.PeerGoneError{Op: op, Provider: b.provider,
 			Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String(), Cause: why}
 	}
 	return err

@@ -8,10 +8,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // backend is one open endpoint of the manager and its progress loop.
@@ -21,7 +21,7 @@ type backend struct {
 	info     fabric.Info
 	reason   string // why it was chosen
 	role     string // "same node", "remote", or "forced"
-	loop     *completion.Loop
+	loop     *progress.Loop
 	name     []byte // endpoint name, immutable
 	virtAddr bool
 	chunk    uint64       // largest op
@@ -107,7 +107,7 @@ type peer struct {
 // done ends a use of p (see backend.peer).
 func (p *peer) done() { p.uses.Add(-1) }
 
-func newBackend(index int, ep *endpoint.Endpoint, loop *completion.Loop, reason, role string, chunkCap uint64) *backend {
+func newBackend(index int, ep *endpoint.Endpoint, loop *progress.Loop, reason, role string, chunkCap uint64) *backend {
 	chunk := ep.MaxRMA()
 	if chunkCap > 0 && chunkCap < chunk {
 		chunk = chunkCap

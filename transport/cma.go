@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // The cma path: same-node transfers done by fitransfer itself with
@@ -112,7 +112,7 @@ func (c *cmaReach) reaches(pid int, addr uint64) bool {
 
 // CMAError is a failed cma copy.
 type CMAError struct {
-	Op     completion.Op
+	Op     progress.Op
 	Peer   string
 	Offset uint64
 	Len    uint64
@@ -137,7 +137,7 @@ func (e *CMAError) Unwrap() error { return e.Errno }
 func cmaPeer(pid int) string { return "process " + strconv.Itoa(pid) }
 
 // cmaError turns a system call error into the error of the op.
-func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
+func cmaError(op progress.Op, pid int, off, n uint64, err error) error {
 	var errno syscall.Errno
 	if errors.As(err, &errno) && errno == unix.ESRCH {
 		// No such process, or one without memory: a zombie (processGone
@@ -146,7 +146,7 @@ func cmaError(op completion.Op, pid int, off, n uint64, err error) error {
 		if why == "" {
 			why = "process " + strconv.Itoa(pid) + " no longer exists"
 		}
-		return &completion.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid), Cause: why}
+		return &progress.PeerGoneError{Op: op, Provider: cmaProvider, Peer: cmaPeer(pid), Cause: why}
 	}
 	if errors.As(err, &errno) {
 		return &CMAError{Op: op, Peer: cmaPeer(pid), Offset: off, Len: n, Errno: errno}
@@ -222,7 +222,7 @@ func cmaCopyAll(lim limit, ops []opSpec, errs []error) ([]error, int) {
 	}
 	bt := cmaBatches.Get().(*cmaBatch)
 	defer cmaBatches.Put(bt)
-	n, pid, op := 0, 0, completion.Read
+	n, pid, op := 0, 0, progress.Read
 	var want uint64
 	flush := func() {
 		if n == 0 {
@@ -238,7 +238,7 @@ func cmaCopyAll(lim limit, ops []opSpec, errs []error) ([]error, int) {
 		}
 		var done int
 		var err error
-		if op == completion.Write {
+		if op == progress.Write {
 			done, err = unix.ProcessVMWritev(pid, bt.liov[:len(batch)], bt.riov[:len(batch)], 0)
 		} else {
 			done, err = unix.ProcessVMReadv(pid, bt.liov[:len(batch)], bt.riov[:len(batch)], 0)
@@ -294,7 +294,7 @@ func cmaCopy(lim limit, o *opSpec) error {
 		riov := []unix.RemoteIovec{{Base: uintptr(remote + off), Len: int(n)}}
 		var done int
 		var err error
-		if o.op == completion.Write {
+		if o.op == progress.Write {
 			done, err = unix.ProcessVMWritev(pid, liov, riov, 0)
 		} else {
 			done, err = unix.ProcessVMReadv(pid, liov, riov, 0)

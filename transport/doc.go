@@ -33,7 +33,7 @@
 // Whatever the route, errors.Is answers the same classes: ErrPeerGone,
 // ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, ErrTimeout (with
 // context.DeadlineExceeded for a deadline), or context.Canceled. A
-// provider's *completion.Error stays underneath (errors.As finds it, with
+// provider's *progress.Error stays underneath (errors.As finds it, with
 // its errno, prov_errno, text and hint), and Retryable says whether the
 // same request may succeed if made again (a timeout, a busy provider, a
 // connection lost to a peer that still listens). Each case gives one class

@@ -7,13 +7,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // The error vocabulary: whatever the route (memcpy, cma, shm, tcp;ofi_rxm,
 // efa), errors.Is answers these five for a failed transfer, and the
-// provider's *completion.Error, when there is one, stays underneath for
+// provider's *progress.Error, when there is one, stays underneath for
 // errors.As. The package documentation has the table of which case gives
 // which class on which route.
 var (
@@ -63,7 +63,7 @@ var (
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every
-// error — one per failed chunk or op, a *completion.TimeoutError when the
+// error — one per failed chunk or op, a *progress.TimeoutError when the
 // deadline passed — and leads with the first that is not a cancellation.
 // errors.Is and errors.As see all of them.
 type TransferError struct {
@@ -79,7 +79,7 @@ type TransferError struct {
 func (e *TransferError) Error() string {
 	lead := e.Errs[0]
 	for _, err := range e.Errs {
-		if !completion.IsCancellation(err) {
+		if !progress.IsCancellation(err) {
 			lead = err
 			break
 		}
@@ -100,7 +100,7 @@ func (e *TransferError) Unwrap() []error { return e.Errs }
 
 // final are the errors that retrying the same request cannot cure.
 var final = []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, context.Canceled,
-	ErrClosed, completion.ErrClosed, ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrConflict,
+	ErrClosed, progress.ErrClosed, ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrConflict,
 	ErrDeviceMemory, ErrEndpointBlocked, ErrBadHandle}
 
 // Retryable reports whether the same request may succeed if made again:
@@ -120,7 +120,7 @@ func Retryable(err error) bool {
 			return false
 		}
 	}
-	var wedged *completion.WedgedError
+	var wedged *progress.WedgedError
 	if errors.As(err, &wedged) {
 		return false
 	}
@@ -128,9 +128,9 @@ func Retryable(err error) bool {
 }
 
 // transient reports whether err or any error it wraps is a
-// *completion.Error that says the op may succeed if tried again.
+// *progress.Error that says the op may succeed if tried again.
 func transient(err error) bool {
-	if ce, ok := err.(*completion.Error); ok && ce.Transient() {
+	if ce, ok := err.(*progress.Error); ok && ce.Transient() {
 		return true
 	}
 	switch u := err.(type) {

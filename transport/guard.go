@@ -9,9 +9,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // The shm guard. libfabric 1.17's shm provider does single-copy RMA with
@@ -256,7 +256,7 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
 func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
-	if err := b.blockedOrGone(completion.Read, name); err != nil {
+	if err := b.blockedOrGone(progress.Read, name); err != nil {
 		return err
 	}
 	p, err := b.peer(name)
@@ -272,7 +272,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		}
 	}()
 	j := x.job
-	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = completion.Read, p.addr, p.name, nowFunc(), deadline
+	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = progress.Read, p.addr, p.name, nowFunc(), deadline
 	x.pid, j.Check = ops[checks[0].op].peer.pid, peerAlive
 	for i := range checks {
 		ep := ops[checks[i].op].ep
@@ -298,7 +298,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		x.scratch = append(x.scratch, s)
 		entry := b.scratch.entry(s)
 		checks[i].entry = len(j.Chunks)
-		j.Chunks = append(j.Chunks, completion.Chunk{
+		j.Chunks = append(j.Chunks, progress.Chunk{
 			Local: uintptr(unsafe.Pointer(&entry[0])), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
 			Remote: remote, Key: peer.shm.key,
 		})

@@ -12,11 +12,11 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // Manager owns the endpoints of this process (one per backend), the
@@ -242,7 +242,7 @@ func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*back
 	if err != nil {
 		return nil, err
 	}
-	loop := completion.Start(ep, m.cfg.poll, m.log)
+	loop := progress.Start(ep, m.cfg.poll, m.log)
 	return newBackend(index, ep, loop, reason, role, m.cfg.chunk), nil
 }
 
@@ -397,7 +397,7 @@ type routed struct {
 	// refused says why a same-node owner got no same-node route.
 	refused string
 	// gone is set when that is because the owner is gone.
-	gone *completion.PeerGoneError
+	gone *progress.PeerGoneError
 }
 
 // route picks the backend for a handle: a copy when the owner is a
@@ -444,7 +444,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 				pid = shmPeerPID(shmEP.name)
 			}
 			if gone, why := processGone(pid); gone {
-				rt.gone = &completion.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
+				rt.gone = &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
 			}
 			rt.refused = sameNodeRefusal(err)
 		case errors.As(err, &rt.gone):
@@ -623,7 +623,7 @@ func (m *Manager) replaceSameNode(old *backend) error {
 // replaceIfStuck replaces the shm backend b when err, an operation's
 // failure, came with b stuck inside libfabric.
 func (m *Manager) replaceIfStuck(b *backend, err error) bool {
-	var we *completion.WedgedError
+	var we *progress.WedgedError
 	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.loop.Wedged() == nil {
 		return false
 	}

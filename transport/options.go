@@ -5,8 +5,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // Defaults of a Manager's options.
@@ -24,7 +24,7 @@ type config struct {
 	timeout          time.Duration
 	chunk            uint64
 	transmitComplete bool
-	poll             completion.PollPolicy
+	poll             progress.PollPolicy
 	log              zerolog.Logger
 	source           string
 	hmem             bool
@@ -34,7 +34,7 @@ func defaultConfig() config {
 	return config{
 		timeout: DefaultTimeout,
 		chunk:   DefaultChunkSize,
-		poll:    completion.DefaultPollPolicy,
+		poll:    progress.DefaultPollPolicy,
 		log:     zerolog.Nop(),
 	}
 }
@@ -65,8 +65,8 @@ func WithChunkSize(n uint64) Option { return func(c *config) { c.chunk = n } }
 func WithTransmitComplete() Option { return func(c *config) { c.transmitComplete = true } }
 
 // WithPollPolicy sets how progress loops wait (default
-// completion.DefaultPollPolicy; completion.BusyPollPolicy spins).
-func WithPollPolicy(p completion.PollPolicy) Option { return func(c *config) { c.poll = p } }
+// progress.DefaultPollPolicy; progress.BusyPollPolicy spins).
+func WithPollPolicy(p progress.PollPolicy) Option { return func(c *config) { c.poll = p } }
 
 // WithLogger sets the logger (default: none).
 func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.log = l } }

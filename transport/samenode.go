@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // Same-node peer verification.
@@ -295,7 +295,7 @@ func settled(v *verification) bool { return v.done.Load() }
 
 // sameNodePeer verifies the owner of r's buffer (once per owner manager)
 // and returns it, or why no same-node route may be used toward it: a
-// *completion.PeerGoneError when the owner, verified before, is gone.
+// *progress.PeerGoneError when the owner, verified before, is gone.
 func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	v := m.verified.entry(owner)
@@ -349,12 +349,12 @@ func (m *Manager) verify(v *verification, owner ID, gonePID int) {
 
 // peerGone is the error of an op toward a same-node owner, process pid,
 // that is gone; a new error each time, for the caller to complete.
-func peerGone(pid int) *completion.PeerGoneError {
+func peerGone(pid int) *progress.PeerGoneError {
 	why := "its manager closed: the connection it was verified over ended"
 	if gone, w := processGone(pid); gone {
 		why = w
 	}
-	return &completion.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
+	return &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
 }
 
 // reverify drops what the verification of owner, old, said, and verifies

@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // The tcp provider cannot refuse one RMA op: when the owner's key check
@@ -77,7 +77,7 @@ func (d *connDrop) victim(start, now int64) bool {
 }
 
 // connLost reports whether every error of a job is its connection's loss:
-// a socket error (completion.ConnGone: FI_ENOTCONN, FI_ECONNRESET,
+// a socket error (fabric.ConnGone: FI_ENOTCONN, FI_ECONNRESET,
 // FI_ECONNREFUSED, EPIPE) of an op posted to a lost connection, or,
 // unless deadSocketOnly, rxm's flush (FI_ECANCELED) of ops it had in
 // flight when the connection went down.
@@ -86,7 +86,7 @@ func connLost(errs []error, deadSocketOnly bool) bool {
 		return false
 	}
 	for _, e := range errs {
-		var ce *completion.Error
+		var ce *progress.Error
 		switch {
 		case !errors.As(e, &ce):
 			return false
@@ -94,7 +94,7 @@ func connLost(errs []error, deadSocketOnly bool) bool {
 			if deadSocketOnly {
 				return false
 			}
-		case !completion.ConnGone(ce.Errno):
+		case !fabric.ConnGone(ce.Errno):
 			return false
 		}
 	}

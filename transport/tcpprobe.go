@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // A tcp;ofi_rxm peer whose process died does not always make its ops
@@ -20,7 +20,7 @@ import (
 // chunk for stallProbeAfter, fitransfer dials the peer's endpoint address
 // once (in the background, ownerLiveness): "connection refused" means
 // nothing listens there any more, and the job ends at once with a
-// *completion.PeerGoneError.
+// *progress.PeerGoneError.
 // A live peer (even a stopped one: the kernel still completes the
 // handshake) sees a connection that closes at once, which its listener
 // drops.
@@ -73,7 +73,7 @@ func sockaddrHostPort(b []byte) string {
 }
 
 // tcpPeerAlive is the Check of tcp jobs.
-func tcpPeerAlive(j *completion.Job) error {
+func tcpPeerAlive(j *progress.Job) error {
 	x := j.Tag.(*xfer)
 	p := &x.probe
 	if len(p.name) == 0 {
@@ -128,7 +128,7 @@ func tcpPeerAlive(j *completion.Job) error {
 // were both seen for a refusal), not a cause. An op posted to a
 // connection already lost fails with FI_ENOTCONN (or another socket
 // error). ownerLiveness tells them apart:
-//   - nothing listens: the peer is gone, a *completion.PeerGoneError
+//   - nothing listens: the peer is gone, a *progress.PeerGoneError
 //     (ErrPeerGone);
 //   - the owner still listens and shut the connection down under a
 //     cancelled op: it refused it, an error wrapping ErrStaleHandle (and
@@ -142,7 +142,7 @@ func tcpPeerAlive(j *completion.Job) error {
 // earlier rejection dropped, and redoAfterDrop posted it again until
 // staleConnWindow ran out), the earlier op. It returns nil when the errors
 // say enough already, or the owner cannot be reached to ask.
-func tcpExplain(j *completion.Job, name []byte, victim bool) error {
+func tcpExplain(j *progress.Job, name []byte, victim bool) error {
 	if !connLost(j.Errs, false) {
 		return nil // a timeout, the stall probe's verdict, other errors: they explain it
 	}
@@ -162,7 +162,7 @@ func tcpExplain(j *completion.Job, name []byte, victim bool) error {
 	}
 	refused := false
 	for _, e := range j.Errs {
-		var ce *completion.Error
+		var ce *progress.Error
 		if errors.As(e, &ce) {
 			ce.Hint = hint
 			refused = refused || ce.Errno == fabric.ErrCanceled
@@ -228,7 +228,7 @@ func ownerLiveness(addr string, lostAt time.Time) liveness {
 const aliveRecheck = 50 * time.Millisecond
 
 // tcpPeerGone is the error of a tcp job whose peer no longer listens.
-func tcpPeerGone(j *completion.Job, addr string) error {
-	return &completion.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
+func tcpPeerGone(j *progress.Job, addr string) error {
+	return &progress.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
 		Cause: "nothing listens at " + addr + " any more (connection refused): its process exited or closed its endpoint"}
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // sockaddrIn is the raw sockaddr_in of a TCP address, as fi_getname gives.
@@ -44,10 +44,10 @@ func TestTCPExplain(t *testing.T) {
 	liveName := sockaddrIn(t, live.Addr().(*net.TCPAddr))
 
 	canceled := func(provErrno int) error {
-		return &completion.Error{Op: completion.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: provErrno}
+		return &progress.Error{Op: progress.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: provErrno}
 	}
 	notConn := func() error {
-		return &completion.Error{Op: completion.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrNotConn, ProvErrno: int(syscall.EPIPE)}
+		return &progress.Error{Op: progress.Read, Provider: "tcp;ofi_rxm", Errno: fabric.ErrNotConn, ProvErrno: int(syscall.EPIPE)}
 	}
 	const rejected, droppedBefore = "rejects an RMA op's key", "rejecting an earlier op's key"
 	tests := []struct {
@@ -68,16 +68,16 @@ func TestTCPExplain(t *testing.T) {
 		{"not connected, nothing listens", []error{notConn()}, deadName, false, ErrPeerGone, ""},
 		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected},
 		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore},
-		{"not only cancellations", []error{canceled(2), &completion.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
-		{"a timeout", []error{&completion.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, false, nil, ""},
+		{"not only cancellations", []error{canceled(2), &progress.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
+		{"a timeout", []error{&progress.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, false, nil, ""},
 		{"no errors", nil, deadName, false, nil, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j := &completion.Job{Op: completion.Read, PeerName: "peer-x", Errs: tt.errs}
+			j := &progress.Job{Op: progress.Read, PeerName: "peer-x", Errs: tt.errs}
 			err := tcpExplain(j, tt.peer, tt.victim)
 			for _, e := range tt.errs {
-				var ce *completion.Error
+				var ce *progress.Error
 				if !errors.As(e, &ce) {
 					continue
 				}
@@ -99,7 +99,7 @@ func TestTCPExplain(t *testing.T) {
 				}
 			}
 			if tt.want == ErrPeerGone {
-				var gone *completion.PeerGoneError
+				var gone *progress.PeerGoneError
 				require.ErrorAs(t, err, &gone)
 				assert.Contains(t, err.Error(), "peer-x")
 				assert.Contains(t, err.Error(), "connection refused")

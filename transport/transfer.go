@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // ReadInto reads the remote buffer src into dst (the first src.Len()
@@ -26,7 +26,7 @@ func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) e
 	if dst.Len() < src.Len() {
 		return fmt.Errorf("%w: reading %d bytes into a %d-byte buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
-	ops := [1]opSpec{{op: completion.Read, local: view{dst.st, dst.off, src.Len()}, remote: src}}
+	ops := [1]opSpec{{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src}}
 	return m.execute(ctx, "read", ops[:])
 }
 
@@ -41,7 +41,7 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	if src.Len() > dst.Len() {
 		return fmt.Errorf("%w: writing %d bytes into a %d-byte remote buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
-	ops := [1]opSpec{{op: completion.Write, local: view{src.st, src.off, src.n}, remote: dst}}
+	ops := [1]opSpec{{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst}}
 	return m.execute(ctx, "write", ops[:])
 }
 
@@ -56,7 +56,7 @@ func (v view) ptr(off uint64) uintptr { return v.st.base + uintptr(v.off+off) }
 // opSpec is one transfer of a request: local view, remote handle
 // (its length is the transfer's), direction.
 type opSpec struct {
-	op     completion.Op
+	op     progress.Op
 	local  view
 	remote RemoteBuffer
 
@@ -70,8 +70,8 @@ type opSpec struct {
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
 }
 
-func need(op completion.Op) mr.Access {
-	if op == completion.Write {
+func need(op progress.Op) mr.Access {
+	if op == progress.Write {
 		return mr.RemoteWrite
 	}
 	return mr.RemoteRead
@@ -175,7 +175,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			first := len(errs)
 			for _, e := range j.Errs {
 				errs = append(errs, e)
-				var te *completion.TimeoutError
+				var te *progress.TimeoutError
 				if !errors.As(e, &te) {
 					failed++
 				}
@@ -189,7 +189,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			}
 			if err := m.nextPart(o, lim); err != nil {
 				errs = append(errs, err)
-				var te *completion.TimeoutError
+				var te *progress.TimeoutError
 				if !errors.As(err, &te) {
 					failed++
 				}
@@ -334,7 +334,7 @@ func (m *Manager) bindTarget(o *opSpec) error {
 func (o *opSpec) copy(lim limit) error {
 	dst := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
 	src := o.target.mem[o.remote.off : o.remote.off+o.remote.n]
-	if o.op == completion.Write {
+	if o.op == progress.Write {
 		dst, src = src, dst
 	}
 	for off := uint64(0); off < o.remote.n; off += copyPiece {
@@ -376,7 +376,7 @@ func (l limit) err() error {
 // timeout is the error of an op that the limit ended after done bytes,
 // which moved in chunks of chunk bytes.
 func (l limit) timeout(o *opSpec, provider, peer string, done, chunk uint64, cause error) error {
-	return &completion.TimeoutError{Op: o.op, Provider: provider, Peer: peer, Bytes: o.remote.n,
+	return &progress.TimeoutError{Op: o.op, Provider: provider, Peer: peer, Bytes: o.remote.n,
 		After: nowFunc().Sub(l.start), Completed: int(done / chunk), Total: int((o.remote.n + chunk - 1) / chunk),
 		Cause: cause}
 }
@@ -389,7 +389,7 @@ func notStarted(kind string, ops []opSpec, err error) error {
 		total += ops[i].remote.n
 	}
 	return &TransferError{Op: kind, Bytes: total, Ops: len(ops),
-		Errs: []error{&completion.TimeoutError{Cause: err, NotStarted: true}}}
+		Errs: []error{&progress.TimeoutError{Cause: err, NotStarted: true}}}
 }
 
 // fill builds the job of a network op: chunks no larger than the
@@ -410,7 +410,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 		x.probe.reset(o.ep.name, p.drop)
 		j.Check = tcpPeerAlive
 	}
-	if o.op == completion.Write {
+	if o.op == progress.Write {
 		j.Flags = m.writeFlags(b, o.peer)
 	}
 	lv := view{x.local, o.local.off, o.local.n}
@@ -422,7 +422,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	}
 	for off := o.sent; off < end; off += b.chunk {
 		n := min(b.chunk, end-off)
-		j.Chunks = append(j.Chunks, completion.Chunk{Local: lv.ptr(off), Desc: desc, Len: n,
+		j.Chunks = append(j.Chunks, progress.Chunk{Local: lv.ptr(off), Desc: desc, Len: n,
 			Remote: remote + off, Key: o.ep.key, Offset: off})
 	}
 	o.sent = end

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -528,7 +528,7 @@ func TestStoppedOwnerTimesOut(t *testing.T) {
 			}
 			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
-			var to *completion.TimeoutError
+			var to *progress.TimeoutError
 			require.ErrorAs(t, err, &to)
 			assert.Equal(t, 1, to.Total)
 			assert.Less(t, took, 5*time.Second)
@@ -572,7 +572,7 @@ func TestCloseWaitsForOpsInFlight(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			err := m.WriteFrom(ctx, remote, local)
-			var to *completion.TimeoutError
+			var to *progress.TimeoutError
 			require.ErrorAs(t, err, &to, "the write cannot complete with its owner stopped")
 
 			closed := make(chan error, 1)
@@ -610,14 +610,14 @@ func TestCloseWaitsForOpsInFlight(t *testing.T) {
 }
 
 func TestTransferErrorLeadsWithTheCause(t *testing.T) {
-	cause := &completion.Error{Op: completion.Read, Provider: "efa", Errno: 5}
+	cause := &progress.Error{Op: progress.Read, Provider: "efa", Errno: 5}
 	e := &transport.TransferError{Op: "read", Bytes: 100, Chunks: 3, Failed: 3, Errs: []error{
-		&completion.Error{Op: completion.Read, Provider: "efa", Errno: 125}, cause,
-		&completion.Error{Op: completion.Read, Provider: "efa", Errno: 125},
+		&progress.Error{Op: progress.Read, Provider: "efa", Errno: 125}, cause,
+		&progress.Error{Op: progress.Read, Provider: "efa", Errno: 125},
 	}}
 	assert.Contains(t, e.Error(), "Input/output error")
 	assert.Contains(t, e.Error(), "(and 2 more errors)")
-	var ce *completion.Error
+	var ce *progress.Error
 	require.ErrorAs(t, e, &ce)
 	assert.Len(t, e.Unwrap(), 3)
 }

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 var nowFunc = time.Now
@@ -18,7 +18,7 @@ var nowFunc = time.Now
 type xfer struct {
 	m       *Manager
 	b       *backend
-	job     *completion.Job
+	job     *progress.Job
 	refs    atomic.Int32
 	local   *bufState
 	target  *bufState // memcpy only
@@ -31,7 +31,7 @@ type xfer struct {
 }
 
 var xferPool = sync.Pool{New: func() any {
-	x := &xfer{job: completion.NewJob()}
+	x := &xfer{job: progress.NewJob()}
 	x.job.Tag = x
 	return x
 }}
@@ -55,7 +55,7 @@ func (x *xfer) submit() error {
 }
 
 // xferIdle is the jobs' OnIdle: the loop's release.
-func xferIdle(j *completion.Job) {
+func xferIdle(j *progress.Job) {
 	x := j.Tag.(*xfer)
 	if x.dead {
 		x.b.deadOps.Add(-1) // its ops completed after all
@@ -90,7 +90,7 @@ func (x *xfer) release() {
 // (processGone: a zombie too) never answers, so the job ends as soon as
 // that is known. Ops it leaves in flight may block the endpoint
 // (backend.blocked), which also ends the jobs waiting behind them.
-func peerAlive(j *completion.Job) error {
+func peerAlive(j *progress.Job) error {
 	x := j.Tag.(*xfer)
 	gone, why := processGone(x.pid)
 	if !gone {
@@ -105,13 +105,13 @@ func peerAlive(j *completion.Job) error {
 		x.b.abandonDead(j.PeerName)
 	}
 	x.markStuck(j)
-	return &completion.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName, Cause: why}
+	return &progress.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName, Cause: why}
 }
 
 // markStuck records, once, that x ends with ops in flight that may never
 // complete (the peer died, or the endpoint is blocked behind such ops):
 // its local buffer's Close need not wait for them.
-func (x *xfer) markStuck(j *completion.Job) {
+func (x *xfer) markStuck(j *progress.Job) {
 	if x.stuck || j.InFlight() == 0 || x.local == nil {
 		return
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
-	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -46,7 +46,7 @@ func (f *managerFlags) open(ctx context.Context) (*transport.Manager, error) {
 	opts := []transport.Option{transport.WithTimeout(f.timeout), transport.WithLogger(logger())}
 	switch f.poll {
 	case "busy":
-		opts = append(opts, transport.WithPollPolicy(completion.BusyPollPolicy))
+		opts = append(opts, transport.WithPollPolicy(progress.BusyPollPolicy))
 	case "adaptive":
 	default:
 		return nil, usageError{fmt.Errorf("--poll %q: want busy or adaptive", f.poll)}

@@ -7,12 +7,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/fitransfer/fitransfer/completion"
 	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // runHint explains error numbers from fitransfer's hint table
-// (completion.HintTable, docs/EFA.md "Error hints"): the prov_errno a
+// (fabric.HintTable, docs/EFA.md "Error hints"): the prov_errno a
 // provider printed, or an fi_errno by number or name.
 func runHint(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fitransfer hint", flag.ContinueOnError)
@@ -27,10 +26,10 @@ func runHint(args []string, stdout, stderr io.Writer) int {
 	if *prov == "tcp" {
 		*prov = "tcp;ofi_rxm"
 	}
-	var rows []completion.HintRow
+	var rows []fabric.HintRow
 	switch {
 	case *list:
-		rows = completion.HintTable()
+		rows = fabric.HintTable()
 	case len(codes) == 0:
 		fmt.Fprintln(stderr, "fitransfer hint: name an error number or FI_E* name, or use --list (see `fitransfer hint -h`)")
 		return exitUsage
@@ -65,33 +64,33 @@ func runHint(args []string, stdout, stderr io.Writer) int {
 
 // lookupCode finds the row of one code: a provider number with -p, else
 // an fi_errno number or name.
-func lookupCode(prov, c string) (completion.HintRow, error) {
+func lookupCode(prov, c string) (fabric.HintRow, error) {
 	n, err := strconv.Atoi(c)
 	if err != nil {
 		name := strings.ToUpper(c)
-		for _, r := range completion.HintTable() {
+		for _, r := range fabric.HintTable() {
 			if r.Provider == "" && r.Name == name {
 				return r, nil
 			}
 		}
-		return completion.HintRow{}, fmt.Errorf("no hint for %q: give a number or an fi_errno name (`fitransfer hint --list` shows the table)", c)
+		return fabric.HintRow{}, fmt.Errorf("no hint for %q: give a number or an fi_errno name (`fitransfer hint --list` shows the table)", c)
 	}
 	if n < 0 {
 		n = -n // libfabric returns -FI_E*
 	}
 	if prov != "" {
 		if prov != "efa" {
-			return completion.HintRow{}, fmt.Errorf("no prov_errno table for provider %q: the table has efa's; without -p, %d is read as an fi_errno", prov, n)
+			return fabric.HintRow{}, fmt.Errorf("no prov_errno table for provider %q: the table has efa's; without -p, %d is read as an fi_errno", prov, n)
 		}
-		if r, ok := completion.LookupHint(prov, 0, n); ok && r.Provider == prov {
+		if r, ok := fabric.LookupHint(prov, 0, n); ok && r.Provider == prov {
 			return r, nil
 		}
-		return completion.HintRow{}, fmt.Errorf("no hint for efa prov_errno %d (`fitransfer hint --list` shows the table)", n)
+		return fabric.HintRow{}, fmt.Errorf("no hint for efa prov_errno %d (`fitransfer hint --list` shows the table)", n)
 	}
-	if r, ok := completion.LookupHint("", fabric.Errno(n), 0); ok {
+	if r, ok := fabric.LookupHint("", fabric.Errno(n), 0); ok {
 		return r, nil
 	}
-	return completion.HintRow{}, fmt.Errorf("no hint for fi_errno %d (%v); for a provider's own number add -p efa", n, fabric.Errno(n))
+	return fabric.HintRow{}, fmt.Errorf("no hint for fi_errno %d (%v); for a provider's own number add -p efa", n, fabric.Errno(n))
 }
 
 type hintJSON struct {
@@ -103,7 +102,7 @@ type hintJSON struct {
 	Fix       string `json:"fix"`
 }
 
-func hintsJSON(rows []completion.HintRow) []hintJSON {
+func hintsJSON(rows []fabric.HintRow) []hintJSON {
 	out := make([]hintJSON, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, hintJSON{Provider: r.Provider, ProvErrno: r.ProvErrno, Errno: int(r.Errno),

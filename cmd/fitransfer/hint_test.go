@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/completion"
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 func TestHintCommand(t *testing.T) {
@@ -53,7 +53,7 @@ func TestHintListJSON(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var rows []hintJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
-	assert.Len(t, rows, len(completion.HintTable()))
+	assert.Len(t, rows, len(fabric.HintTable()))
 	for _, r := range rows {
 		assert.NotEmpty(t, r.Name)
 		assert.NotEmpty(t, r.Meaning)

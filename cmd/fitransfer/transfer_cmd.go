@@ -165,9 +165,9 @@ func printRows(w io.Writer, rows []perftest.Row, asJSON bool) {
 	}
 }
 
-// progress draws a one-line progress bar on a terminal stderr, for runs
+// progressBar draws a one-line progress bar on a terminal stderr, for runs
 // longer than a second; nothing when stderr is not a terminal.
-type progress struct {
+type progressBar struct {
 	w       io.Writer
 	name    string
 	on      bool
@@ -176,12 +176,12 @@ type progress struct {
 	printed bool
 }
 
-func newProgress(w io.Writer, name string) *progress {
+func newProgress(w io.Writer, name string) *progressBar {
 	f, ok := w.(*os.File)
-	return &progress{w: w, name: name, on: ok && isTerminal(f), start: time.Now()}
+	return &progressBar{w: w, name: name, on: ok && isTerminal(f), start: time.Now()}
 }
 
-func (p *progress) update(size uint64, done, total int) {
+func (p *progressBar) update(size uint64, done, total int) {
 	if !p.on || time.Since(p.start) < time.Second || time.Since(p.last) < 100*time.Millisecond {
 		return
 	}
@@ -199,7 +199,7 @@ func (p *progress) update(size uint64, done, total int) {
 	p.printed = true
 }
 
-func (p *progress) clear() {
+func (p *progressBar) clear() {
 	if p.printed {
 		fmt.Fprintf(p.w, "\r%80s\r", "")
 	}

@@ -1,4 +1,4 @@
-package completion
+package progress
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func classify(provider string, errno fabric.Errno, provErrno int) (class error, 
 		case 10, 12: // REMOTE_ERROR_RNR, REMOTE_ERROR_BAD_STATUS: the table's fix is to retry
 			return nil, true
 		}
-		if _, known := LookupHint(provider, 0, provErrno); known {
+		if _, known := fabric.LookupHint(provider, 0, provErrno); known {
 			return nil, false // documented, but not one of the classes (unreachable, unknown peer...)
 		}
 	}
@@ -119,7 +119,7 @@ func classify(provider string, errno fabric.Errno, provErrno int) (class error, 
 		return errclass.Timeout, true
 	case errno == fabric.ErrAgain, errno == fabric.Errno(4): // FI_EINTR
 		return nil, true
-	case ConnGone(errno):
+	case fabric.ConnGone(errno):
 		// tcp;ofi_rxm reports a lost connection this way to a live peer
 		// too (after the owner refused an op, it closes the connection).
 		// A cancellation (FI_ECANCELED) is not transient by itself, whatever

@@ -1,10 +1,8 @@
-package completion
+package fabric
 
 import (
 	"fmt"
 	"strings"
-
-	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // HintRow is one entry of the error-hint table: what an error number means
@@ -14,9 +12,9 @@ type HintRow struct {
 	// Provider is "efa" for a provider error number (prov_errno), "" for
 	// an fi_errno row, which applies to every provider.
 	Provider  string
-	ProvErrno int          // prov_errno; 0 in fi_errno rows
-	Errno     fabric.Errno // fi_errno; 0 in prov_errno rows
-	Name      string       // libfabric's name for the number (v2.1.0; 1.17's where it differs)
+	ProvErrno int    // prov_errno; 0 in fi_errno rows
+	Errno     Errno  // fi_errno; 0 in prov_errno rows
+	Name      string // libfabric's name for the number (v2.1.0; 1.17's where it differs)
 	Meaning   string
 	Fix       string
 	// Source is where libfabric defines the number, and where the meaning
@@ -172,75 +170,75 @@ var efaHints = []HintRow{
 
 // errnoHints are fi_errno values, for every provider.
 var errnoHints = []HintRow{
-	{Errno: fabric.ErrHostUnreach, Name: "FI_EHOSTUNREACH",
+	{Errno: ErrHostUnreach, Name: "FI_EHOSTUNREACH",
 		Meaning: "No route to the peer (efa: prov_errno 15, or 13 in libfabric 1.22).",
 		Fix:     "On EFA add the security group's self-referencing rules and put the instances in one subnet; on tcp;ofi_rxm check the route and firewall.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:159"},
-	{Errno: fabric.ErrIO, Name: "FI_EIO",
+	{Errno: ErrIO, Name: "FI_EIO",
 		Meaning: "An I/O error; efa up to libfabric 1.21 reports every device error this way.",
 		Fix:     "Look up the provider error number (prov_errno) for the cause.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:51"},
-	{Errno: fabric.ErrCanceled, Name: "FI_ECANCELED",
+	{Errno: ErrCanceled, Name: "FI_ECANCELED",
 		Meaning: "The op was canceled or flushed (efa 2.1+: prov_errno 1).",
 		Fix:     "A consequence: the first error of the transfer that is not a cancellation is the cause.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:171"},
-	{Errno: fabric.ErrTimedOut, Name: "FI_ETIMEDOUT",
+	{Errno: ErrTimedOut, Name: "FI_ETIMEDOUT",
 		Meaning: "The op timed out: the peer is dead, stopped, not progressing its endpoint, or dropped the request at its key check.",
 		Fix:     "Check the peer process, its progress loop and its log, and the handle; lengthen the deadline if the transfer is just large.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:156"},
-	{Errno: fabric.ErrAccess, Name: "FI_EACCES",
+	{Errno: ErrAccess, Name: "FI_EACCES",
 		Meaning: "The target refused access: the buffer was registered without that remote right, or closed.",
 		Fix:     "Check the access the owner registered and the handle.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:59"},
-	{Errno: fabric.ErrKeyRejected, Name: "FI_EKEYREJECTED",
+	{Errno: ErrKeyRejected, Name: "FI_EKEYREJECTED",
 		Meaning: "The target rejected the memory key: the buffer was closed, or the handle is stale or altered.",
 		Fix:     "Check the access the owner registered and the handle.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:175"},
-	{Errno: fabric.ErrNotConn, Name: "FI_ENOTCONN",
+	{Errno: ErrNotConn, Name: "FI_ENOTCONN",
 		Meaning: "The connection to the peer is gone: the peer process exited or its endpoint closed (efa: prov_errno 9), or the target lacks the initiator's address (efa: prov_errno 14).",
 		Fix:     "Repeat the bootstrap with the peer's current process; the owner must AddPeer the initiator.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:153"},
-	{Errno: fabric.ErrConnReset, Name: "FI_ECONNRESET",
+	{Errno: ErrConnReset, Name: "FI_ECONNRESET",
 		Meaning: "The connection to the peer is gone: the peer process exited or its endpoint closed.",
 		Fix:     "Repeat the bootstrap with the peer's current process.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:150"},
-	{Errno: fabric.ErrConnRefused, Name: "FI_ECONNREFUSED",
+	{Errno: ErrConnRefused, Name: "FI_ECONNREFUSED",
 		Meaning: "The connection to the peer is gone: the peer process exited or its endpoint closed.",
 		Fix:     "Repeat the bootstrap with the peer's current process.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:157"},
-	{Errno: fabric.ErrTrunc, Name: "FI_ETRUNC",
+	{Errno: ErrTrunc, Name: "FI_ETRUNC",
 		Meaning: "The op is longer than the remote region (not from efa's RMA: there an emulated op beyond the region fails the target's check, prov_errno 4111 on the target's EQ, and the initiator sees a timeout).",
 		Fix:     "Check the transfer length against the handle's length.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:192"},
-	{Errno: fabric.ErrAgain, Name: "FI_EAGAIN",
+	{Errno: ErrAgain, Name: "FI_EAGAIN",
 		Meaning: "A post was refused for now: the queues are full or the peer is backing off.",
 		Fix:     "Progress the CQ and retry (fitransfer does); if it never clears, the target is not progressing.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:57"},
-	{Errno: fabric.ErrConnAborted, Name: "FI_ECONNABORTED",
+	{Errno: ErrConnAborted, Name: "FI_ECONNABORTED",
 		Meaning: "The peer stopped answering or aborted (efa 2.0+: prov_errno 8, 13, 4124 or 4126).",
 		Fix:     "Check that the peer process and host are alive, and repeat the bootstrap.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:149"},
-	{Errno: fabric.ErrInval, Name: "FI_EINVAL",
+	{Errno: ErrInval, Name: "FI_EINVAL",
 		Meaning: "An invalid argument, or on efa 1.22+ a local or remote device error (prov_errno 2, 3, 4, 5, 7 or 18).",
 		Fix:     "Look up the provider error number; as a setup return, check the arguments.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:68"},
-	{Errno: fabric.ErrMsgSize, Name: "FI_EMSGSIZE",
+	{Errno: ErrMsgSize, Name: "FI_EMSGSIZE",
 		Meaning: "The op is too long for the device or the remote buffer (efa: prov_errno 6 or 11).",
 		Fix:     "Lower WithChunkSize, and check the handle's length.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:136"},
-	{Errno: fabric.ErrNoRx, Name: "FI_ENORX",
+	{Errno: ErrNoRx, Name: "FI_ENORX",
 		Meaning: "The receiver had no buffer and the retries ran out (efa: prov_errno 10).",
 		Fix:     "Keep the target progressing and do not set FI_RM_DISABLED.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:196"},
-	{Errno: fabric.ErrRemoteIO, Name: "FI_EREMOTEIO",
+	{Errno: ErrRemoteIO, Name: "FI_EREMOTEIO",
 		Meaning: "The remote device answered with an unexpected status (efa: prov_errno 12).",
 		Fix:     "Retry; if it persists, compare the EFA driver and firmware versions on both hosts.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:167"},
-	{Errno: fabric.ErrHostDown, Name: "FI_EHOSTDOWN",
+	{Errno: ErrHostDown, Name: "FI_EHOSTDOWN",
 		Meaning: "In efa 1.22 and 2.0 a flushed op (prov_errno 1).",
 		Fix:     "A consequence: the first error of the transfer that is not a cancellation is the cause.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:158"},
-	{Errno: fabric.ErrOther, Name: "FI_EOTHER",
+	{Errno: ErrOther, Name: "FI_EOTHER",
 		Meaning: "An unspecified error (efa 1.22+: a prov_errno without a specific mapping).",
 		Fix:     "Look up the provider error number; rerun with FI_LOG_LEVEL=warn.",
 		Source:  "include/rdma/fi_errno.h@v2.1.0:183"},
@@ -261,7 +259,7 @@ func HintTable() []HintRow {
 // LookupHint finds the row for an error: the provider's own number first
 // (it names the cause precisely; efa up to 1.21 reports every device error
 // as FI_EIO), then the fi_errno.
-func LookupHint(provider string, errno fabric.Errno, provErrno int) (HintRow, bool) {
+func LookupHint(provider string, errno Errno, provErrno int) (HintRow, bool) {
 	if provider == "efa" && provErrno != 0 {
 		for _, r := range efaHints {
 			if r.ProvErrno == provErrno {
@@ -278,7 +276,7 @@ func LookupHint(provider string, errno fabric.Errno, provErrno int) (HintRow, bo
 }
 
 // Hint returns the likely meaning of a failed op and its fix, or "".
-func Hint(provider string, errno fabric.Errno, provErrno int) string {
+func Hint(provider string, errno Errno, provErrno int) string {
 	if provider == "tcp;ofi_rxm" {
 		// rxm fails ops posted on a dead connection with the socket error
 		// and flushes those in flight with FI_ECANCELED. The tcp provider
@@ -287,13 +285,13 @@ func Hint(provider string, errno fabric.Errno, provErrno int) string {
 		// so only a refused connection says the owner is gone; transport
 		// dials the owner to tell the two apart and rewrites this hint.
 		// The rows' efa notes would only mislead here.
-		if errno == fabric.ErrConnRefused {
+		if errno == ErrConnRefused {
 			return "the connection to the peer is gone: nothing listens at its address any more, the peer process exited or closed its endpoint; repeat the bootstrap with the peer's current process"
 		}
-		if ConnGone(errno) || errno == fabric.ErrCanceled && ConnGone(fabric.Errno(provErrno)) {
+		if ConnGone(errno) || errno == ErrCanceled && ConnGone(Errno(provErrno)) {
 			return "the connection to the peer is gone: the peer process exited or closed its endpoint, or the owner rejected an op's key, address or access (a closed buffer, a stale or altered handle) and dropped the connection, which the next op opens again"
 		}
-		if errno == fabric.ErrCanceled {
+		if errno == ErrCanceled {
 			return "tcp;ofi_rxm cancels an op when the target rejects its key or address (buffer closed, or handle altered or stale) or when the connection dropped"
 		}
 	}
@@ -305,9 +303,9 @@ func Hint(provider string, errno fabric.Errno, provErrno int) string {
 
 // ConnGone reports whether a socket error (an fi_errno, or tcp;ofi_rxm's
 // prov_errno) means the peer's end of the connection is gone.
-func ConnGone(e fabric.Errno) bool {
+func ConnGone(e Errno) bool {
 	switch e {
-	case fabric.ErrNotConn, fabric.ErrConnReset, fabric.ErrConnRefused, fabric.Errno(32): // 32: EPIPE
+	case ErrNotConn, ErrConnReset, ErrConnRefused, Errno(32): // 32: EPIPE
 		return true
 	}
 	return false

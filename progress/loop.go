@@ -1,4 +1,4 @@
-package completion
+package progress
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fitransfer/fitransfer/endpoint"
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
@@ -850,7 +851,7 @@ func (l *Loop) chunkError(j *Job, chunk int, errno ofi.Errno, provErrno int, msg
 	return &Error{
 		Op: j.Op, Provider: prov, Peer: j.PeerName, Offset: c.Offset, Len: c.Len,
 		Errno: errno, ProvErrno: provErrno, ProvMessage: msg, Posting: posting,
-		Hint: Hint(prov, errno, provErrno),
+		Hint: fabric.Hint(prov, errno, provErrno),
 	}
 }
 
@@ -858,7 +859,7 @@ func (l *Loop) pollEQ() {
 	if ev := l.port.pollEQ(); ev != nil {
 		prov := l.port.provider()
 		l.log.Warn().Str("provider", prov).Int("err", int(ev.Errno)).Int("prov_errno", ev.ProvErrno).
-			Str("eq_error", ev.Message).Str("hint", Hint(prov, ev.Errno, ev.ProvErrno)).
+			Str("eq_error", ev.Message).Str("hint", fabric.Hint(prov, ev.Errno, ev.ProvErrno)).
 			Msg("asynchronous endpoint error")
 	}
 }

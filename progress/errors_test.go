@@ -1,4 +1,4 @@
-package completion
+package progress
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 func TestErrorMessage(t *testing.T) {
 	e := &Error{Op: Write, Provider: "tcp;ofi_rxm", Peer: "fi_sockaddr_in://10.0.0.2:5000", Offset: 8 << 20, Len: 1 << 20,
-		Errno: fabric.ErrCanceled, ProvErrno: 2, ProvMessage: "No such file or directory", Hint: Hint("tcp;ofi_rxm", fabric.ErrCanceled, 2)}
+		Errno: fabric.ErrCanceled, ProvErrno: 2, ProvMessage: "No such file or directory", Hint: fabric.Hint("tcp;ofi_rxm", fabric.ErrCanceled, 2)}
 	msg := e.Error()
 	for _, want := range []string{"write", "1048576 bytes at offset 8388608", "fi_sockaddr_in://10.0.0.2:5000",
 		"tcp;ofi_rxm", "Operation canceled (FI_ECANCELED 125)", "provider error 2: No such file or directory", "rejects its key"} {
