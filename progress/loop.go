@@ -14,6 +14,7 @@ import (
 
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
@@ -192,7 +193,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
 		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
-		wedgeAfter: WedgeAfter,
+		wedgeAfter: policy.normalized().WedgeAfter,
 		wake:       make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
@@ -353,6 +354,9 @@ func (e *WedgedError) Error() string {
 		"close the manager and open a new one", e.Provider, e.Since.Round(time.Second), wedgeCause(e.Provider))
 }
 
+// Is makes errors.Is(err, transport.ErrEndpointWedged) true.
+func (e *WedgedError) Is(target error) bool { return target == errclass.Wedged }
+
 func wedgeCause(provider string) string {
 	if provider == "shm" {
 		return ": libfabric 1.x's shm spins forever on a region lock that a peer process held when it died"
@@ -405,6 +409,10 @@ func (l *Loop) Do(fn func()) error {
 	if l.down {
 		return ErrClosed
 	}
+	// fn calls libfabric (fi_av_insert, fi_av_remove): a call that never
+	// returns wedges the endpoint as a stuck progress call does.
+	l.inCall.Store(monoNow())
+	defer l.inCall.Store(0)
 	fn()
 	return nil
 }
@@ -413,7 +421,10 @@ func (l *Loop) Do(fn func()) error {
 // beforeEndpointClose (if not nil) with the endpoint to itself — the place
 // to close memory registrations, which must go before their endpoint —
 // then closes the endpoint and stops the loop. Closing twice is a no-op.
-func (l *Loop) Close(beforeEndpointClose func()) {
+// When a libfabric call on the endpoint has not returned for the policy's
+// WedgeAfter, it returns that *WedgedError instead of waiting forever: the
+// endpoint and what it uses are then left to the goroutine stuck in it.
+func (l *Loop) Close(beforeEndpointClose func()) error {
 	l.mu.Lock()
 	already := l.closing
 	l.closing = true
@@ -427,13 +438,11 @@ func (l *Loop) Close(beforeEndpointClose func()) {
 	for {
 		select {
 		case <-l.exited:
-			return
+			return nil
 		case <-tick.C:
 			if err := l.Wedged(); err != nil {
-				// The goroutine stuck in libfabric keeps the endpoint and
-				// its memory: they are left, not freed under it.
 				l.log.Error().Err(err).Msg("closing: endpoint left behind")
-				return
+				return err
 			}
 		}
 	}

@@ -434,6 +434,29 @@ func TestLoopWedgeDetection(t *testing.T) {
 	assert.NoError(t, l.Wedged())
 }
 
+// TestLoopCloseReportsWedge: Close on an endpoint stuck in a libfabric
+// call returns the *WedgedError within about WedgeAfter, instead of
+// waiting forever or reporting a clean close; the loop still stops once
+// the call returns.
+func TestLoopCloseReportsWedge(t *testing.T) {
+	f := newFakePort()
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: 50 * time.Millisecond}, zerolog.Nop())
+	gate := make(chan struct{})
+	f.gate, f.blocked = gate, make(chan struct{})
+	go l.run()
+	require.NoError(t, l.Submit(job(1, nil)))
+	<-f.blocked
+	start := time.Now()
+	err := l.Close(nil)
+	var we *WedgedError
+	require.ErrorAs(t, err, &we)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.False(t, l.Stopped())
+	close(gate)
+	<-l.exited
+	assert.NoError(t, l.Close(nil), "closing again, once stopped")
+}
+
 func TestLoopCloseFailsPendingJobs(t *testing.T) {
 	l, _ := testLoop(t, 4, true)
 	var idle atomic.Int32

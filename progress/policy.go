@@ -14,6 +14,9 @@ type PollPolicy struct {
 	Spin     time.Duration
 	MinSleep time.Duration
 	MaxSleep time.Duration
+	// WedgeAfter is how long one libfabric call may run before its
+	// endpoint counts as wedged (Loop.Wedged); 0 means WedgeAfter.
+	WedgeAfter time.Duration
 }
 
 // DefaultPollPolicy spins for 2 ms after activity and then polls at least
@@ -31,6 +34,9 @@ func (p PollPolicy) normalized() PollPolicy {
 	}
 	if p.MaxSleep < p.MinSleep {
 		p.MaxSleep = p.MinSleep
+	}
+	if p.WedgeAfter <= 0 {
+		p.WedgeAfter = WedgeAfter
 	}
 	return p
 }

@@ -32,14 +32,17 @@
 //
 // Whatever the route, errors.Is answers the same classes: ErrPeerGone,
 // ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, ErrTimeout (with
-// context.DeadlineExceeded for a deadline), or context.Canceled. A
+// context.DeadlineExceeded for a deadline), or context.Canceled; on the
+// libfabric routes also ErrEndpointBlocked (shm: ops to a dead peer hold
+// its queue) and ErrEndpointWedged (a libfabric call that never returns,
+// which Manager.Close reports too). A
 // provider's *progress.Error stays underneath (errors.As finds it, with
 // its errno, prov_errno, text and hint), and Retryable says whether the
 // same request may succeed if made again (a timeout, a busy provider, a
 // connection lost to a peer that still listens). Each case gives one class
 // per route; test/TestErrorVocabulary checks every cell of this table but
 // the efa column, which follows the provider's documented error numbers
-// (completion's hint table):
+// (fabric's hint table):
 //
 //	case                           memcpy   cma      shm      tcp;ofi_rxm  efa
 //	buffer closed by its owner     stale    stale    stale    stale*       stale (prov_errno 7)

@@ -60,6 +60,11 @@ var (
 	// because ops to a peer that died are still in flight on it (see
 	// backend.blocked).
 	ErrEndpointBlocked = errors.New("endpoint blocked")
+	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
+	// does not return (a *progress.WedgedError); ops on it fail with it,
+	// and Manager.Close reports it, leaving that endpoint and its memory
+	// behind rather than freeing them under the stuck call.
+	ErrEndpointWedged = errclass.Wedged
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every

@@ -3,3 +3,15 @@ package transport
 // ReplaceSameNode retires m's shm endpoint as if it were stuck inside
 // libfabric, and opens another: the path a wedge takes, without the wedge.
 func ReplaceSameNode(m *Manager) error { return m.replaceSameNode(m.backends().sameNode) }
+
+// HoldEndpoint runs, on m's first endpoint, a call that returns only when
+// release is closed: an endpoint stuck inside libfabric, as the loop sees
+// it. It returns once the call holds the endpoint.
+func HoldEndpoint(m *Manager, release <-chan struct{}) {
+	held := make(chan struct{})
+	go m.backends().all[0].loop.Do(func() {
+		close(held)
+		<-release
+	})
+	<-held
+}

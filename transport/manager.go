@@ -516,7 +516,11 @@ func (m *Manager) Poll() {
 
 // Close closes the manager: transfers still in flight fail with ErrClosed,
 // every buffer is deregistered, every endpoint closed. Later calls fail
-// with ErrClosed. Closing twice is a no-op.
+// with ErrClosed. Closing twice is a no-op. It returns an error wrapping
+// ErrEndpointWedged for each endpoint stuck inside libfabric: Close does
+// not wait for such a call, and leaves the endpoint, its registrations
+// and the memory they use to it (a buffer of that manager must then not
+// be freed: mr.Free would pull memory from under libfabric).
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -535,10 +539,11 @@ func (m *Manager) Close() error {
 	m.bufs = map[uint64]*bufState{}
 	m.bufsMu.Unlock()
 	bs := m.backends()
+	var errs []error
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
-		b.loop.Close(func() {
+		err := b.loop.Close(func() {
 			for _, st := range bufs {
 				if b.index < len(st.mrs) {
 					st.closeMR(b.index)
@@ -548,6 +553,9 @@ func (m *Manager) Close() error {
 				closeGuardMRs(b.scratch)
 			}
 		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.provider, err))
+		}
 	}
 	for _, st := range bufs {
 		st.markClosed()
@@ -565,7 +573,7 @@ func (m *Manager) Close() error {
 	if m.guard != nil && !wedged {
 		_ = mr.Free(m.guard.mem)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // acquire holds the manager open for one operation.

@@ -722,3 +722,33 @@ func TestStuckShmEndpointIsReplaced(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "stale or altered handle")
 }
+
+// TestCloseReportsWedgedEndpoint: Close of a manager whose endpoint is
+// stuck inside a libfabric call returns, within about the policy's
+// WedgeAfter, an error naming that endpoint that errors.Is matches with
+// ErrEndpointWedged; a manager without one closes with nil.
+func TestCloseReportsWedgedEndpoint(t *testing.T) {
+	for _, prov := range []string{"shm", "tcp"} {
+		t.Run(prov, func(t *testing.T) {
+			policy := progress.DefaultPollPolicy
+			policy.WedgeAfter = 100 * time.Millisecond
+			m, err := transport.New(context.Background(), transport.WithProviders(prov), transport.WithPollPolicy(policy))
+			require.NoError(t, err)
+			release := make(chan struct{})
+			defer close(release)
+			transport.HoldEndpoint(m, release)
+			start := time.Now()
+			err = m.Close()
+			require.ErrorIs(t, err, transport.ErrEndpointWedged)
+			var we *progress.WedgedError
+			require.ErrorAs(t, err, &we)
+			assert.Contains(t, err.Error(), "closing the "+m.Backends()[0].Provider+" endpoint")
+			assert.Less(t, time.Since(start), 5*time.Second)
+			assert.NoError(t, m.Close(), "the second Close is a no-op")
+
+			clean, err := transport.New(context.Background(), transport.WithProviders(prov))
+			require.NoError(t, err)
+			assert.NoError(t, clean.Close())
+		})
+	}
+}

@@ -22,4 +22,7 @@ var (
 	// Timeout: the deadline passed before the transfer finished, or the
 	// provider timed the op out.
 	Timeout = errors.New("timed out")
+	// Wedged: an endpoint stuck inside a libfabric call that does not
+	// return; nothing more can be done on it.
+	Wedged = errors.New("endpoint wedged")
 )
