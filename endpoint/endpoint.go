@@ -1,17 +1,15 @@
 // Package endpoint opens fitransfer's RDM endpoints: fabric, domain,
 // endpoint, address vector, completion and event queues from one selected
-// fi_info; it names the endpoint (fi_getname), inserts peers (fi_av_insert)
-// and registers memory on the endpoint's domain with the provider's key and
-// address rules.
+// fi_info; it names the endpoint (fi_getname) and inserts peers
+// (fi_av_insert). Memory is registered on its domain by package mr
+// (Target).
 //
 // An Endpoint is driven by one goroutine (the progress loop of package
-// completion); its methods are not safe for concurrent use.
+// progress); its methods are not safe for concurrent use.
 package endpoint
 
 import (
-	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
@@ -133,37 +131,9 @@ func (e *Endpoint) ForgetPeer(name []byte) {
 	}
 }
 
-// maxKeyTries bounds the retries when a random key is already taken.
-const maxKeyTries = 16
-
-// Register registers n bytes at addr (host memory off the Go heap, see
-// package mr, or device memory) on this endpoint's domain. Without
-// FI_MR_PROV_KEY it asks for a random key and draws again on -FI_ENOKEY;
-// with FI_MR_ENDPOINT it binds the MR to the endpoint. iface and device
-// describe device memory (mr.Host for host memory).
-func (e *Endpoint) Register(addr uintptr, n uint64, access mr.Access, iface mr.Iface, device int) (*ofi.MR, error) {
-	var bind *ofi.Endpoint
-	if e.info.Domain.MRMode.Has(fabric.MREndpoint) {
-		bind = e.ep
-	}
-	provKey := e.info.Domain.MRMode.Has(fabric.MRProvKey)
-	for try := 0; ; try++ {
-		key := uint64(0)
-		if !provKey {
-			key = mr.RandomKey(e.info.Domain.MRKeySize)
-		}
-		m, err := e.domain.RegMR(addr, n, access.Bits(), key, int(iface), device, bind)
-		if err == nil {
-			return m, nil
-		}
-		if errors.Is(err, ofi.ErrNoKey) && !provKey && try < maxKeyTries {
-			continue
-		}
-		if iface != mr.Host {
-			return nil, fmt.Errorf("%s: register %d bytes of %v memory (device %d): %w%s", e.Provider(), n, iface, device, err, hmemHint(err))
-		}
-		return nil, fmt.Errorf("%s: register %d bytes: %w", e.Provider(), n, err)
-	}
+// Target is where memory is registered on this endpoint (mr.Register).
+func (e *Endpoint) Target() mr.Target {
+	return mr.Target{Provider: e.Provider(), Domain: e.domain, Endpoint: e.ep, Attr: e.info.Domain}
 }
 
 // PollEQ returns an asynchronous endpoint error from the event queue, or
@@ -216,16 +186,3 @@ func waitsOnTraffic(info *fabric.Info) bool {
 
 // Waitable reports whether the progress loop may block in fi_cq_sread.
 func (e *Endpoint) Waitable() bool { return e.ep.Waitable() }
-
-// hmemHint explains a failed device memory registration.
-func hmemHint(err error) string {
-	if errors.Is(err, ofi.ErrNoSys) || errors.Is(err, ofi.ErrOpNotSupp) || errors.Is(err, ofi.ErrInval) {
-		return "; this libfabric or machine cannot register that device memory (no CUDA runtime or GPU found, or libfabric built without CUDA support)"
-	}
-	return ""
-}
-
-// RegisterHost registers host memory: Register of mem's bytes.
-func (e *Endpoint) RegisterHost(mem []byte, access mr.Access) (*ofi.MR, error) {
-	return e.Register(uintptr(unsafe.Pointer(unsafe.SliceData(mem))), uint64(len(mem)), access, mr.Host, 0)
-}

@@ -87,3 +87,19 @@ func TestAccess(t *testing.T) {
 	assert.False(t, RemoteRead.Allows(RemoteWrite))
 	assert.Equal(t, uint64(1<<8|1<<9|1<<12), RemoteRead.Bits())
 }
+
+func TestAddrAndWords64(t *testing.T) {
+	mem, err := Alloc(4096)
+	require.NoError(t, err)
+	defer Free(mem)
+	assert.Equal(t, uintptr(unsafe.Pointer(&mem[0])), Addr(mem))
+	assert.Equal(t, uintptr(unsafe.Pointer(&mem[8])), Addr(mem[8:]))
+	assert.Zero(t, Addr(nil))
+
+	w := Words64(mem[8:24])
+	require.Len(t, w, 2)
+	w[1] = 0x0102030405060708
+	assert.Equal(t, byte(0x08), mem[16], "word 1 of mem[8:] is bytes 16..23, little-endian")
+	assert.Panics(t, func() { Words64(mem[1:9]) }, "misaligned")
+	assert.Panics(t, func() { Words64(mem[:12]) }, "not whole words")
+}

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/rs/zerolog"
 
@@ -23,8 +22,8 @@ const postBatch = 64
 
 // Chunk is one RMA op of a job: a contiguous piece of the transfer.
 type Chunk struct {
-	Local  uintptr        // local memory address (registered: off the Go heap, or device memory)
-	Desc   unsafe.Pointer // its fi_mr_desc
+	Local  uintptr  // local memory address (registered: off the Go heap, or device memory)
+	Desc   ofi.Desc // its fi_mr_desc
 	Len    uint64
 	Remote uint64 // remote address (virtual address or offset)
 	Key    uint64 // remote key

@@ -1,11 +1,11 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"sort"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -115,8 +115,13 @@ func conflicts(ops []opSpec) error {
 		rs = append(rs, rng{o.local.st, o.local.off, o.local.off + o.local.n, o.op == progress.Read, i})
 	}
 	sort.Slice(rs, func(i, j int) bool {
-		if rs[i].st != rs[j].st {
-			return uintptr(unsafe.Pointer(rs[i].st)) < uintptr(unsafe.Pointer(rs[j].st))
+		if a, b := rs[i].st, rs[j].st; a != b {
+			// Any total order of buffers will do: ids are unique within
+			// a manager, and an action may name another's (refused later).
+			if a.id != b.id {
+				return a.id < b.id
+			}
+			return bytes.Compare(a.m.id[:], b.m.id[:]) < 0
 		}
 		return rs[i].off < rs[j].off
 	})

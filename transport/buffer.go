@@ -5,7 +5,6 @@ import (
 	"os"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
@@ -51,7 +50,7 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	if err := mr.CheckOffHeap(mem); err != nil {
 		return nil, err
 	}
-	return m.register(&bufState{mem: mem, base: uintptr(unsafe.Pointer(unsafe.SliceData(mem))), size: uint64(len(mem)), iface: mr.Host}, access)
+	return m.register(&bufState{mem: mem, base: mr.Addr(mem), size: uint64(len(mem)), iface: mr.Host}, access)
 }
 
 // RegisterDevice registers device (GPU) memory on every backend, through
@@ -99,7 +98,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backen
 		}
 		var err error
 		if derr := b.loop.Do(func() {
-			st.mrs[b.index], err = b.loop.Endpoint().Register(st.base, st.size, access, st.iface, st.device)
+			st.mrs[b.index], err = mr.Register(b.loop.Endpoint().Target(), mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})
 		}); derr != nil {
 			err = derr
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +17,7 @@ import (
 // with an error that says so, never crash.
 func TestDeviceMemoryWithoutHMEMSupport(t *testing.T) {
 	host := alloc(t, 1<<20) // stands in for a device pointer: mapped, so nothing can fault
-	dev := mr.Device{Ptr: uintptr(unsafe.Pointer(&host[0])), Len: 1 << 20, Iface: mr.CUDA}
+	dev := mr.Device{Ptr: mr.Addr(host), Len: 1 << 20, Iface: mr.CUDA}
 
 	plain := newManager(t)
 	_, err := plain.RegisterDevice(dev, mr.ReadWrite)

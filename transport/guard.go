@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
@@ -49,12 +48,13 @@ const (
 
 // guardTable is a manager's table of its buffers' state.
 type guardTable struct {
-	mem  []byte
-	id   uint64 // random; in every entry
-	base uint64 // the table's virtual address
-	mu   sync.Mutex
-	free []uint32
-	next uint32
+	mem   []byte
+	words []uint64 // mem, word by word
+	id    uint64   // random; in every entry
+	base  uint64   // the table's virtual address
+	mu    sync.Mutex
+	free  []uint32
+	next  uint32
 }
 
 func newGuardTable() (*guardTable, error) {
@@ -62,11 +62,11 @@ func newGuardTable() (*guardTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &guardTable{mem: mem, id: mr.RandomKey(8), base: uint64(uintptr(unsafe.Pointer(&mem[0])))}, nil
+	return &guardTable{mem: mem, words: mr.Words64(mem), id: mr.RandomKey(8), base: uint64(mr.Addr(mem))}, nil
 }
 
 func (g *guardTable) word(slot uint32, w int) *uint64 {
-	return (*uint64)(unsafe.Pointer(&g.mem[int(slot)*guardEntrySize+8*w]))
+	return &g.words[int(slot)*guardEntrySize/8+w]
 }
 
 // publish fills a free entry for a buffer and returns its slot and
@@ -158,8 +158,8 @@ func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
 	var gerr, serr error
 	if err := b.loop.Do(func() {
 		ep := b.loop.Endpoint()
-		s.table, gerr = ep.RegisterHost(g.mem, mr.RemoteRead)
-		s.mr, serr = ep.RegisterHost(smem, 0)
+		s.table, gerr = mr.Register(ep.Target(), mr.HostRegion(g.mem, mr.RemoteRead))
+		s.mr, serr = mr.Register(ep.Target(), mr.HostRegion(smem, 0))
 	}); err != nil {
 		gerr = err
 	}
@@ -299,7 +299,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		entry := b.scratch.entry(s)
 		checks[i].entry = len(j.Chunks)
 		j.Chunks = append(j.Chunks, progress.Chunk{
-			Local: uintptr(unsafe.Pointer(&entry[0])), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
+			Local: mr.Addr(entry), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
 			Remote: remote, Key: peer.shm.key,
 		})
 	}

@@ -26,8 +26,13 @@ const (
 type MR struct {
 	c    *C.struct_fid_mr
 	key  uint64
-	desc unsafe.Pointer
+	desc Desc
 }
+
+// Desc is a local memory descriptor (fi_mr_desc): the provider's, opaque,
+// passed back with each op on the memory. Its own type keeps the packages
+// above from handling an unsafe.Pointer.
+type Desc unsafe.Pointer
 
 // RegMR registers n bytes at addr (fi_mr_regattr): host memory off the Go
 // heap, or device memory — an address, never a Go pointer with the given access,
@@ -48,7 +53,7 @@ func (d *Domain) RegMR(addr uintptr, n uint64, access, key uint64, iface, device
 		return nil, check(C.GoString(stage), rc)
 	}
 	m.key = uint64(C.fi_mr_key(m.c))
-	m.desc = C.fi_mr_desc(m.c)
+	m.desc = Desc(C.fi_mr_desc(m.c))
 	return m, nil
 }
 
@@ -56,7 +61,7 @@ func (d *Domain) RegMR(addr uintptr, n uint64, access, key uint64, iface, device
 func (m *MR) Key() uint64 { return m.key }
 
 // Desc is the local descriptor passed with ops on this memory (fi_mr_desc).
-func (m *MR) Desc() unsafe.Pointer { return m.desc }
+func (m *MR) Desc() Desc { return m.desc }
 
 // Close deregisters the region; closing twice is a no-op.
 func (m *MR) Close() error {

@@ -13,12 +13,12 @@ import (
 type Op struct {
 	Local  uintptr // local buffer address (off the Go heap, or device memory)
 	Len    uint64
-	Desc   unsafe.Pointer // fi_mr_desc of the local MR
-	Remote uint64         // remote address: virtual address or offset
-	Key    uint64         // remote key
-	Peer   uint64         // fi_addr_t
-	Flags  uint64         // OpFlags: FI_COMPLETION, FI_DELIVERY_COMPLETE...
-	Slot   uint32         // context slot; its completion reports this slot
+	Desc   Desc   // fi_mr_desc of the local MR
+	Remote uint64 // remote address: virtual address or offset
+	Key    uint64 // remote key
+	Peer   uint64 // fi_addr_t
+	Flags  uint64 // OpFlags: FI_COMPLETION, FI_DELIVERY_COMPLETE...
+	Slot   uint32 // context slot; its completion reports this slot
 	Write  bool
 }
 
@@ -76,7 +76,7 @@ func (q *Queue) Set(i int, op *Op) {
 	c := &q.ops[i]
 	c.local = C.uint64_t(op.Local)
 	c.len = C.uint64_t(op.Len)
-	c.desc = op.Desc
+	c.desc = unsafe.Pointer(op.Desc)
 	c.remote = C.uint64_t(op.Remote)
 	c.key = C.uint64_t(op.Key)
 	c.peer = C.uint64_t(op.Peer)
