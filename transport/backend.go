@@ -3,6 +3,7 @@ package transport
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -192,4 +193,20 @@ type Backend struct {
 	Role     string // "same node", "remote", or "forced" (WithProviders)
 	Reason   string // why it was chosen
 	Address  string // this manager's endpoint address on it
+}
+
+// blockedOrGone is b.blocked() for an op toward the shm endpoint name,
+// except that when that peer itself is gone the op fails as
+// ErrPeerGone: toward a dead peer, the dead peer is the cause. The
+// liveness check runs only on this rare path, not for every op.
+func (b *backend) blockedOrGone(op progress.Op, name []byte) error {
+	err := b.blocked()
+	if err == nil {
+		return nil
+	}
+	if gone, why := proc.Gone(shmPeerPID(name)); gone {
+		return &progress.PeerGoneError{Op: op, Provider: b.provider,
+			Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String(), Cause: why}
+	}
+	return err
 }

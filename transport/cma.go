@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"os"
 	"strconv"
 	"sync"
@@ -142,7 +143,7 @@ func cmaError(op progress.Op, pid int, off, n uint64, err error) error {
 	if errors.As(err, &errno) && errno == unix.ESRCH {
 		// No such process, or one without memory: a zombie (processGone
 		// tells which).
-		_, why := processGone(pid)
+		_, why := proc.Gone(pid)
 		if why == "" {
 			why = "process " + strconv.Itoa(pid) + " no longer exists"
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"net"
 	"os"
 	"strings"
@@ -443,7 +444,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			} else {
 				pid = shmPeerPID(shmEP.name)
 			}
-			if gone, why := processGone(pid); gone {
+			if gone, why := proc.Gone(pid); gone {
 				rt.gone = &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
 			}
 			rt.refused = sameNodeRefusal(err)

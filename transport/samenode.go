@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"net"
 	"os"
 	"strings"
@@ -351,7 +352,7 @@ func (m *Manager) verify(v *verification, owner ID, gonePID int) {
 // that is gone; a new error each time, for the caller to complete.
 func peerGone(pid int) *progress.PeerGoneError {
 	why := "its manager closed: the connection it was verified over ended"
-	if gone, w := processGone(pid); gone {
+	if gone, w := proc.Gone(pid); gone {
 		why = w
 	}
 	return &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}

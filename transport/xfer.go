@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,7 +93,7 @@ func (x *xfer) release() {
 // (backend.blocked), which also ends the jobs waiting behind them.
 func peerAlive(j *progress.Job) error {
 	x := j.Tag.(*xfer)
-	gone, why := processGone(x.pid)
+	gone, why := proc.Gone(x.pid)
 	if !gone {
 		err := x.b.blocked()
 		if err != nil {

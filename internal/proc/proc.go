@@ -1,4 +1,6 @@
-package transport
+// Package proc answers what fitransfer asks the OS about other processes:
+// whether one is gone.
+package proc
 
 import (
 	"errors"
@@ -9,19 +11,16 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
-	"github.com/fitransfer/fitransfer/progress"
 )
 
-// processGone reports whether process pid has exited, and how that is
+// Gone reports whether process pid has exited, and how that is
 // known; both same-node routes (cma and shm) decide with it that a peer
 // is gone. kill(pid, 0) is not enough: it succeeds on a zombie (exited,
 // not yet reaped by its parent), which will never run or answer again and
 // whose memory is gone, so a peer that is a zombie counts as gone. The
 // process state in /proc/PID/stat says so ('Z', or 'X' while it is being
 // reaped).
-func processGone(pid int) (bool, string) {
+func Gone(pid int) (bool, string) {
 	if pid <= 0 {
 		return false, ""
 	}
@@ -49,20 +48,4 @@ func processGone(pid int) (bool, string) {
 		return true, "process " + strconv.Itoa(pid) + " exited (a zombie: its parent has not reaped it yet)"
 	}
 	return false, ""
-}
-
-// blockedOrGone is b.blocked() for an op toward the shm endpoint name,
-// except that when that peer itself is gone the op fails as
-// ErrPeerGone: toward a dead peer, the dead peer is the cause. The
-// liveness check runs only on this rare path, not for every op.
-func (b *backend) blockedOrGone(op progress.Op, name []byte) error {
-	err := b.blocked()
-	if err == nil {
-		return nil
-	}
-	if gone, why := processGone(shmPeerPID(name)); gone {
-		return &progress.PeerGoneError{Op: op, Provider: b.provider,
-			Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String(), Cause: why}
-	}
-	return err
 }

@@ -1,4 +1,4 @@
-package transport
+package proc
 
 import (
 	"os"
@@ -26,12 +26,12 @@ func procState(pid int) byte {
 	return 0
 }
 
-// TestProcessGone: a live process is not gone; a zombie (exited, not
+// TestGone: a live process is not gone; a zombie (exited, not
 // reaped), which kill(pid, 0) still finds, is; so is a reaped one.
-func TestProcessGone(t *testing.T) {
-	gone, why := processGone(os.Getpid())
+func TestGone(t *testing.T) {
+	gone, why := Gone(os.Getpid())
 	assert.False(t, gone, why)
-	gone, _ = processGone(0)
+	gone, _ = Gone(0)
 	assert.False(t, gone, "no pid: nothing to say")
 
 	cmd := exec.Command("true")
@@ -49,13 +49,13 @@ func TestProcessGone(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.NoError(t, unix.Kill(pid, 0), "kill(pid, 0) finds the zombie: it cannot tell")
-	gone, why = processGone(pid)
+	gone, why = Gone(pid)
 	assert.True(t, gone, "a zombie is gone")
 	assert.Contains(t, why, "zombie")
 
 	require.NoError(t, cmd.Wait())
 	reaped = true
-	gone, why = processGone(pid)
+	gone, why = Gone(pid)
 	assert.True(t, gone, "a reaped process is gone")
 	assert.Contains(t, why, "no longer exists")
 }
