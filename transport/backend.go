@@ -18,7 +18,7 @@ import (
 // backend is one open endpoint of the manager and its progress loop.
 type backend struct {
 	index    int
-	provider string
+	provider fabric.Backend
 	info     fabric.Info
 	reason   string // why it was chosen
 	role     string // "same node", "remote", or "forced"
@@ -27,7 +27,6 @@ type backend struct {
 	virtAddr bool
 	chunk    uint64       // largest op
 	scratch  *scratchPool // shm: where handle checks land
-	cma      bool         // the cma path (cma.go): no endpoint, no loop
 	// retired: its endpoint is stuck inside libfabric and another took
 	// its place (Manager.replaceSameNode); nothing uses it any more.
 	retired atomic.Bool
@@ -114,7 +113,7 @@ func newBackend(index int, ep *endpoint.Endpoint, loop *progress.Loop, reason, r
 		chunk = chunkCap
 	}
 	return &backend{
-		index: index, provider: transportName(ep.Info()), info: *ep.Info(), reason: reason, role: role,
+		index: index, provider: fabric.Backend(transportName(ep.Info())), info: *ep.Info(), reason: reason, role: role,
 		loop: loop, name: append([]byte(nil), ep.Name()...), virtAddr: ep.VirtAddr(),
 		chunk: chunk, peers: map[string]*peer{},
 	}
@@ -136,7 +135,7 @@ func (b *backend) checkName(name []byte) error {
 			want = 28
 		}
 	}
-	if b.provider == string(fabric.BackendSHM) {
+	if b.provider == fabric.BackendSHM {
 		want = len(name) // shm names come from a verified owner (samenode.go)
 	}
 	if len(name) != want || len(name) > maxEPNameLen {
@@ -205,7 +204,7 @@ func (b *backend) blockedOrGone(op progress.Op, name []byte) error {
 		return nil
 	}
 	if gone, why := proc.Gone(shmPeerPID(name)); gone {
-		return &progress.PeerGoneError{Op: op, Provider: b.provider,
+		return &progress.PeerGoneError{Op: op, Provider: string(b.provider),
 			Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: name}.String(), Cause: why}
 	}
 	return err

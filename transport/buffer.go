@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"os"
 	"sync"
 	"time"
@@ -106,7 +107,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backen
 			st.deregister()
 			return nil, b, err
 		}
-		st.eps = append(st.eps, remoteEP{provider: b.provider, name: b.name, key: st.mrs[b.index].Key(),
+		st.eps = append(st.eps, remoteEP{provider: string(b.provider), name: b.name, key: st.mrs[b.index].Key(),
 			base: mr.RemoteAddr(b.virtAddr, base, 0)})
 	}
 	if g := m.guard; g != nil {
@@ -122,12 +123,12 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backen
 		}
 		st.guard, st.hasGrd = slot, true
 		for i := range st.eps {
-			if s := bs.sameNode; s != nil && st.eps[i].provider == s.provider {
+			if s := bs.sameNode; s != nil && st.eps[i].provider == string(s.provider) {
 				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(s.virtAddr, uintptr(g.base), 0), key: s.scratch.table.Key(), slot: slot, gen: gen}
 			}
 		}
-		if m.cmaB != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory
-			st.eps = append([]remoteEP{{provider: cmaProvider, name: cmaName(os.Getpid()), key: cmaKey, base: uint64(base),
+		if m.cma != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory
+			st.eps = append([]remoteEP{{provider: cma.Name, name: cma.ProcName(os.Getpid()), key: cmaKey, base: uint64(base),
 				guard: &guardRef{table: g.base, key: g.id, slot: slot, gen: gen}}}, st.eps...)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,7 +191,7 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, vir
 	// The entry holds the buffer's virtual address; an endpoint without
 	// FI_MR_VIRT_ADDR advertises offset 0 instead (mr.RemoteAddr).
 	base := mr.RemoteAddr(virtAddr, uintptr(w(gwBase)), 0)
-	if ep.provider == cmaProvider {
+	if ep.provider == cma.Name {
 		if w(gwTable) != ep.guard.key { // matchesPeer made it the verified owner's table id
 			return fmt.Errorf("%w: no guard table of buffer %d's owner at the handle's address (the owner exited?)", ErrStaleHandle, r.id)
 		}
@@ -272,7 +273,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		}
 	}()
 	j := x.job
-	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = progress.Read, p.addr, p.name, nowFunc(), deadline
+	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = progress.Read, p.addr, p.name, time.Now(), deadline
 	x.pid, j.Check = ops[checks[0].op].peer.pid, peerAlive
 	for i := range checks {
 		ep := ops[checks[i].op].ep

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"net"
 	"os"
 	"strings"
@@ -28,9 +30,9 @@ type Manager struct {
 	node     ID
 	log      zerolog.Logger
 	set      atomic.Pointer[backendSet] // the libfabric endpoints
-	cmaB     *backend                   // the cma path; nil when not used
+	cma      *cma.Route                 // nil when not used
 	guard    *guardTable
-	reach    cmaReach
+	reach    cma.Reach
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 
@@ -75,13 +77,13 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		role   string
 	}
 	var picks []pick
-	useCMA, cmaWhy := cmaAvailable()
+	useCMA, cmaWhy := cma.Available()
 	if len(cfg.providers) > 0 {
 		useCMA = false
 		for _, p := range cfg.providers {
 			p = canonicalProvider(p)
-			if p == cmaProvider {
-				if ok, why := cmaAvailable(); !ok {
+			if p == cma.Name {
+				if ok, why := cma.Available(); !ok {
 					return nil, fmt.Errorf("the cma path is not used here: %s", why)
 				}
 				useCMA = true
@@ -128,27 +130,27 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			return nil, err
 		}
 		bs.all = append(bs.all, b)
-		m.log.Info().Str("provider", b.provider).Str("domain", b.info.Domain.Name).Str("role", p.role).
+		m.log.Info().Str("provider", string(b.provider)).Str("domain", b.info.Domain.Name).Str("role", p.role).
 			Str("reason", p.reason).Msg("backend open")
 	}
 	for _, b := range bs.all {
 		switch {
-		case b.provider == "shm" && bs.sameNode == nil:
+		case b.provider == fabric.BackendSHM && bs.sameNode == nil:
 			bs.sameNode = b
-		case b.provider != "shm" && bs.remote == nil:
+		case b.provider != fabric.BackendSHM && bs.remote == nil:
 			bs.remote = b
 		}
 	}
 	if useCMA {
-		m.cmaB = &backend{index: -1, provider: cmaProvider, cma: true, role: "same node",
-			reason: "cma: process_vm_readv/writev by fitransfer (libfabric 1.x's shm can deadlock a target whose initiator dies mid-copy)"}
+		m.cma = &cma.Route{Role: "same node",
+			Reason: "cma: process_vm_readv/writev by fitransfer (libfabric 1.x's shm can deadlock a target whose initiator dies mid-copy)"}
 		if len(cfg.providers) > 0 {
-			m.cmaB.role, m.cmaB.reason = "forced", "requested with WithProviders"
+			m.cma.Role, m.cma.Reason = "forced", "requested with WithProviders"
 		}
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
 	}
-	if m.cmaB != nil || bs.sameNode != nil {
+	if m.cma != nil || bs.sameNode != nil {
 		if m.guard, err = newGuardTable(); err != nil {
 			m.Close()
 			return nil, err
@@ -310,15 +312,15 @@ func (m *Manager) ID() ID { return m.id }
 // Backends lists the transports this manager opened, with why.
 func (m *Manager) Backends() []Backend {
 	var out []Backend
-	if b := m.cmaB; b != nil {
-		out = append(out, Backend{Provider: b.provider, Role: b.role, Reason: b.reason, Address: cmaPeer(os.Getpid())})
+	if c := m.cma; c != nil {
+		out = append(out, Backend{Provider: c.Name(), Role: c.Role, Reason: c.Reason, Address: cma.Peer(os.Getpid())})
 	}
 	for _, b := range m.backends().all {
 		role := b.role
 		if b.retired.Load() {
 			role = "retired"
 		}
-		out = append(out, Backend{Provider: b.provider, Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
+		out = append(out, Backend{Provider: string(b.provider), Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
 			Role: role, Reason: b.reason,
 			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()})
 	}
@@ -344,7 +346,7 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 		return Route{Locality: rt.loc}, err
 	}
 	b, ep, loc := rt.b, rt.ep, rt.loc
-	if b == nil {
+	if rt.kind == route.Memcpy {
 		reason := "the buffer belongs to this manager"
 		if rt.owner != m {
 			reason = "the buffer belongs to another manager of this process"
@@ -360,14 +362,14 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
-	if b.cma {
-		return Route{Backend: b.provider, Locality: loc, Reason: reason, Peer: cmaPeer(rt.peer.pid)}, nil
+	if rt.kind == route.CMA {
+		return Route{Backend: cma.Name, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
 	}
 	host := ""
-	if hp := sockaddrHostPort(ep.name); hp != "" && b.provider == string(fabric.BackendTCP) {
+	if hp := sockaddrHostPort(ep.name); hp != "" && b.provider == fabric.BackendTCP {
 		host, _, _ = net.SplitHostPort(hp)
 	}
-	return Route{Backend: b.provider, Locality: loc, Reason: reason, Host: host,
+	return Route{Backend: string(b.provider), Locality: loc, Reason: reason, Host: host,
 		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
 }
 
@@ -380,9 +382,9 @@ func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
 		return fmt.Errorf("%w: buffer %d's guard table is not its owner's (process %d)", ErrStaleHandle, r.id, peer.pid)
 	case ep.guard.slot >= guardSlots:
 		return fmt.Errorf("%w: buffer %d's guard slot %d is out of range", ErrStaleHandle, r.id, ep.guard.slot)
-	case ep.provider == cmaProvider && cmaPID(ep.name) != peer.pid:
-		return fmt.Errorf("%w: the handle names process %d, its owner is process %d", ErrStaleHandle, cmaPID(ep.name), peer.pid)
-	case ep.provider != cmaProvider && string(ep.name) != string(peer.shmName):
+	case ep.provider == cma.Name && cma.PID(ep.name) != peer.pid:
+		return fmt.Errorf("%w: the handle names process %d, its owner is process %d", ErrStaleHandle, cma.PID(ep.name), peer.pid)
+	case ep.provider != cma.Name && string(ep.name) != string(peer.shmName):
 		return fmt.Errorf("%w: the handle's shm address is not its owner's (process %d)", ErrStaleHandle, peer.pid)
 	}
 	return nil
@@ -390,7 +392,8 @@ func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
 
 // routed is where a handle's transfers go.
 type routed struct {
-	b     *backend  // nil: a copy within this process
+	kind  route.Kind
+	b     *backend  // the fabric route's endpoint; nil on the others
 	ep    *remoteEP // the handle's endpoint on b
 	loc   fabric.Locality
 	owner *Manager      // the owning manager, when it is in this process
@@ -410,21 +413,21 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		return routed{loc: fabric.Remote}, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
 	}
 	if r.owner == m.id {
-		return routed{loc: fabric.SameProcess, owner: m}, nil
+		return routed{kind: route.Memcpy, loc: fabric.SameProcess, owner: m}, nil
 	}
 	if o, ok := liveManagers.Load(r.owner); ok {
-		return routed{loc: fabric.SameProcess, owner: o.(*Manager)}, nil
+		return routed{kind: route.Memcpy, loc: fabric.SameProcess, owner: o.(*Manager)}, nil
 	}
 	rt := routed{loc: fabric.Remote}
 	if r.node == m.node {
 		rt.loc = fabric.SameNode
 	}
 	bs := m.backends()
-	cmaEP, shmEP := r.endpoint(cmaProvider), (*remoteEP)(nil)
+	cmaEP, shmEP := r.endpoint(cma.Name), (*remoteEP)(nil)
 	if bs.sameNode != nil {
-		shmEP = r.endpoint(bs.sameNode.provider)
+		shmEP = r.endpoint(string(bs.sameNode.provider))
 	}
-	if rt.loc == fabric.SameNode && (m.cmaB != nil && cmaEP != nil || shmEP != nil) {
+	if rt.loc == fabric.SameNode && (m.cma != nil && cmaEP != nil || shmEP != nil) {
 		peer, err := m.sameNodePeer(r.owner)
 		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
 			// A handle newer than what the owner told: it may have
@@ -440,12 +443,12 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			// is the owner.
 			pid := 0
 			if cmaEP != nil {
-				pid = cmaPID(cmaEP.name)
+				pid = cma.PID(cmaEP.name)
 			} else {
 				pid = shmPeerPID(shmEP.name)
 			}
 			if gone, why := proc.Gone(pid); gone {
-				rt.gone = &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
+				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
 			}
 			rt.refused = sameNodeRefusal(err)
 		case errors.As(err, &rt.gone):
@@ -454,44 +457,44 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			rt.refused = sameNodeRefusal(err)
 		}
 		if rt.gone != nil {
-			rt.gone.Provider = cmaProvider
-			if m.cmaB == nil || cmaEP == nil {
-				rt.gone.Provider = bs.sameNode.provider
+			rt.gone.Provider = cma.Name
+			if m.cma == nil || cmaEP == nil {
+				rt.gone.Provider = string(bs.sameNode.provider)
 			}
 		}
 		switch {
 		case err != nil:
-		case m.cmaB != nil && cmaEP != nil && m.reach.reaches(peer.pid, peer.cma.table):
-			rt.b, rt.ep, rt.peer = m.cmaB, cmaEP, peer
+		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
+			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer
 			return rt, matchesPeer(r, cmaEP, peer)
 		case shmEP != nil && peer.shmName != nil:
-			rt.b, rt.ep, rt.peer = bs.sameNode, shmEP, peer
+			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.sameNode, shmEP, peer
 			return rt, matchesPeer(r, shmEP, peer)
 		}
 	}
 	if bs.remote != nil {
-		if ep := r.endpoint(bs.remote.provider); ep != nil {
-			rt.b, rt.ep = bs.remote, ep
+		if ep := r.endpoint(string(bs.remote.provider)); ep != nil {
+			rt.kind, rt.b, rt.ep = route.Fabric, bs.remote, ep
 			return rt, nil
 		}
 	}
 	for _, b := range bs.all {
-		if b.provider == string(fabric.BackendSHM) || b.retired.Load() {
+		if b.provider == fabric.BackendSHM || b.retired.Load() {
 			continue // same-node routes only toward a verified owner, above
 		}
-		if ep := r.endpoint(b.provider); ep != nil {
-			rt.b, rt.ep = b, ep
+		if ep := r.endpoint(string(b.provider)); ep != nil {
+			rt.kind, rt.b, rt.ep = route.Fabric, b, ep
 			return rt, nil
 		}
 	}
 	var local []string
 	for _, b := range bs.all {
 		if !b.retired.Load() {
-			local = append(local, b.provider)
+			local = append(local, string(b.provider))
 		}
 	}
-	if m.cmaB != nil {
-		local = append(local, cmaProvider)
+	if m.cma != nil {
+		local = append(local, cma.Name)
 	}
 	if rt.gone != nil {
 		return rt, rt.gone

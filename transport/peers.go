@@ -29,7 +29,7 @@ func (m *Manager) Address() Address {
 		if b.retired.Load() {
 			continue
 		}
-		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: b.provider, Name: append([]byte(nil), b.name...)})
+		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: string(b.provider), Name: append([]byte(nil), b.name...)})
 	}
 	return a
 }
@@ -55,7 +55,7 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 	var adds []add
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
+			if string(b.provider) != ep.Provider || b.provider == fabric.BackendSHM || b.retired.Load() {
 				continue
 			}
 			if err := b.checkName(ep.Name); err != nil {
@@ -80,7 +80,7 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 		}
 		ad.b.added[string(ad.name)]++
 		ad.b.mu.Unlock()
-		done = append(done, ad.b.provider)
+		done = append(done, string(ad.b.provider))
 	}
 	return done, nil
 }
@@ -97,7 +97,7 @@ func (m *Manager) RemovePeer(a Address) {
 	defer m.releaseManager()
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if b.provider != ep.Provider || b.provider == string(fabric.BackendSHM) || b.retired.Load() {
+			if string(b.provider) != ep.Provider || b.provider == fabric.BackendSHM || b.retired.Load() {
 				continue
 			}
 			b.unadd(ep.Name)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"net"
 	"os"
 	"strings"
@@ -61,7 +62,7 @@ type guardLoc struct{ table, key uint64 }
 
 // guardFor is the owner's guard table as the route that reads it sees it.
 func (p *sameNodePeer) guardFor(provider string) guardLoc {
-	if provider == cmaProvider {
+	if provider == cma.Name {
 		return p.cma
 	}
 	return p.shm
@@ -355,7 +356,7 @@ func peerGone(pid int) *progress.PeerGoneError {
 	if gone, w := proc.Gone(pid); gone {
 		why = w
 	}
-	return &progress.PeerGoneError{Peer: cmaPeer(pid), Cause: why}
+	return &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
 }
 
 // reverify drops what the verification of owner, old, said, and verifies

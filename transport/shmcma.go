@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"os"
 	"strconv"
 	"strings"
@@ -36,7 +37,7 @@ var cmaSetting struct {
 // take its single-copy path the same way fitransfer's own check does.
 func shmSingleCopyAllowed() bool {
 	cmaSetting.once.Do(func() {
-		scope := yamaPtraceScope()
+		scope := cma.PtraceScope()
 		cmaSetting.ok = ofi.RuntimeVersion().Major() == 1 &&
 			!fabric.EnvTruthy("FI_SHM_DISABLE_CMA") && (scope == "" || scope == "0")
 	})
@@ -78,10 +79,10 @@ func (m *Manager) writeFlags(b *backend, peer *sameNodePeer) uint64 {
 	switch {
 	case m.cfg.transmitComplete:
 		return uint64(ofi.OpTransmitComplete)
-	case b.provider != "shm" || peer == nil || !shmSingleCopyAllowed():
+	case b.provider != fabric.BackendSHM || peer == nil || !shmSingleCopyAllowed():
 		return uint64(ofi.OpDeliveryComplete)
 	}
-	if m.reach.reaches(peer.pid, peer.cma.table) {
+	if m.reach.Reaches(peer.pid, peer.cma.table) {
 		return uint64(ofi.OpTransmitComplete)
 	}
 	return uint64(ofi.OpDeliveryComplete)

@@ -140,7 +140,7 @@ func (m *Manager) redoAfterDrop(ctx context.Context, o *opSpec, start, deadline 
 				return false, nil // the owner is gone, or cannot be asked: tcpExplain says so
 			}
 		}
-		if nowFunc().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
+		if time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
 			return true, nil
 		}
 		attempt, tries = time.Now().UnixNano(), tries+1

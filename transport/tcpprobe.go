@@ -229,6 +229,6 @@ const aliveRecheck = 50 * time.Millisecond
 
 // tcpPeerGone is the error of a tcp job whose peer no longer listens.
 func tcpPeerGone(j *progress.Job, addr string) error {
-	return &progress.PeerGoneError{Op: j.Op, Provider: "tcp;ofi_rxm", Peer: j.PeerName,
+	return &progress.PeerGoneError{Op: j.Op, Provider: string(fabric.BackendTCP), Peer: j.PeerName,
 		Cause: "nothing listens at " + addr + " any more (connection refused): its process exited or closed its endpoint"}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/memcpy"
 	"slices"
 	"time"
 
@@ -61,7 +64,8 @@ type opSpec struct {
 	remote RemoteBuffer
 
 	// set while executing
-	b         *backend // nil: memcpy
+	kind      route.Kind
+	b         *backend // the fabric route's endpoint; nil on the others
 	ep        *remoteEP
 	peer      *sameNodePeer // same-node routes: the owner the kernel verified
 	target    *bufState     // memcpy: the other buffer
@@ -85,7 +89,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = nowFunc().Add(m.cfg.timeout)
+		deadline = time.Now().Add(m.cfg.timeout)
 	}
 	if err := m.acquire(); err != nil {
 		return err
@@ -102,11 +106,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		errs   []error
 		failed int
 	)
-	start := nowFunc()
+	start := time.Now()
 	for i := range ops {
 		o := &ops[i]
 		total += o.remote.n
-		if o.b == nil || o.b.cma {
+		if o.kind != route.Fabric {
 			continue
 		}
 		if err := o.b.loop.Wedged(); err != nil {
@@ -137,18 +141,19 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	m.releaseManager()
 	// Same-manager and cma ops are copies, done while the others fly.
-	lim := limit{ctx: ctx, start: start, deadline: deadline}
+	lim := route.Limit{Ctx: ctx, Start: start, Deadline: deadline}
 	for i := range ops {
 		o := &ops[i]
-		if o.b == nil {
-			if err := o.copy(lim); err != nil {
+		if o.kind == route.Memcpy {
+			if err := memcpy.Copy(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
+				o.target.mem[o.remote.off:o.remote.off+o.remote.n]); err != nil {
 				errs = append(errs, err)
 				failed++
 			}
 		}
 	}
 	var cmaFailed int
-	errs, cmaFailed = cmaCopyAll(lim, ops, errs)
+	errs, cmaFailed = runCMA(lim, ops, errs)
 	failed += cmaFailed
 	attempted := 0
 	for i := range ops {
@@ -158,7 +163,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			victim := false
 			if o.submitted {
 				err := o.b.loop.Wait(ctx, j)
-				if err == nil && o.b.provider == "tcp;ofi_rxm" {
+				if err == nil && o.b.provider == fabric.BackendTCP {
 					// o.x changes when the job is posted again.
 					victim, err = m.redoAfterDrop(ctx, o, start, deadline)
 					j = o.x.job
@@ -180,7 +185,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					failed++
 				}
 			}
-			if o.b.provider == "tcp;ofi_rxm" {
+			if o.b.provider == fabric.BackendTCP {
 				if why := tcpExplain(j, o.ep.name, victim); why != nil {
 					// Not a chunk: the explanation, ahead of the job's
 					// errors so that the message leads with it.
@@ -240,30 +245,30 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			return fmt.Errorf("%s: %w", o.op, err)
 		}
 		b, ep := rt.b, rt.ep
-		o.b, o.ep, o.peer = b, ep, rt.peer
+		o.kind, o.b, o.ep, o.peer = rt.kind, b, ep, rt.peer
 		if !o.remote.access.Allows(need(o.op)) {
 			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
 		}
-		if b != nil && b.cma && o.local.st.iface != mr.Host {
+		if o.kind == route.CMA && o.local.st.iface != mr.Host {
 			// process_vm_* cannot reach device memory: shm, if both have it.
 			sn := m.backends().sameNode
-			if sn == nil || o.remote.endpoint(sn.provider) == nil || o.peer.shmName == nil {
+			if sn == nil || o.remote.endpoint(string(sn.provider)) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
-			b, o.b, o.ep = sn, sn, o.remote.endpoint(sn.provider)
+			o.kind, b, o.b, o.ep = route.Fabric, sn, sn, o.remote.endpoint(string(sn.provider))
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
 				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
 			}
 		}
 		switch {
-		case b == nil:
+		case o.kind == route.Memcpy:
 			if o.local.st.iface != mr.Host {
 				return fmt.Errorf("%s: %w: copies between buffers of one manager need host memory", o.op, ErrDeviceMemory)
 			}
 			if err := rt.owner.bindTarget(o); err != nil {
 				return err
 			}
-		case b.cma:
+		case o.kind == route.CMA:
 			if err := cmaCheck(o, &cmaSeen); err != nil {
 				return err
 			}
@@ -329,58 +334,6 @@ func (m *Manager) bindTarget(o *opSpec) error {
 	return nil
 }
 
-// copy runs a same-manager op, in pieces, checking the request's context
-// and deadline in between.
-func (o *opSpec) copy(lim limit) error {
-	dst := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
-	src := o.target.mem[o.remote.off : o.remote.off+o.remote.n]
-	if o.op == progress.Write {
-		dst, src = src, dst
-	}
-	for off := uint64(0); off < o.remote.n; off += copyPiece {
-		if off > 0 {
-			if err := lim.err(); err != nil {
-				return lim.timeout(o, "memcpy", "this manager", off, copyPiece, err)
-			}
-		}
-		end := min(off+copyPiece, o.remote.n)
-		copy(dst[off:end], src[off:end])
-	}
-	return nil
-}
-
-// copyPiece is how many bytes a same-manager or cma copy moves between two
-// looks at the deadline: about a millisecond's worth, so that a long copy
-// ends close to its deadline, for next to nothing per piece.
-const copyPiece = 4 << 20
-
-// limit is what ends a request besides its completion: its context and
-// its deadline (the context's, or the manager's timeout).
-type limit struct {
-	ctx             context.Context
-	start, deadline time.Time
-}
-
-// err is the context's error, or context.DeadlineExceeded once the
-// deadline passed, or nil.
-func (l limit) err() error {
-	if err := l.ctx.Err(); err != nil {
-		return err
-	}
-	if !nowFunc().Before(l.deadline) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
-// timeout is the error of an op that the limit ended after done bytes,
-// which moved in chunks of chunk bytes.
-func (l limit) timeout(o *opSpec, provider, peer string, done, chunk uint64, cause error) error {
-	return &progress.TimeoutError{Op: o.op, Provider: provider, Peer: peer, Bytes: o.remote.n,
-		After: nowFunc().Sub(l.start), Completed: int(done / chunk), Total: int((o.remote.n + chunk - 1) / chunk),
-		Cause: cause}
-}
-
 // notStarted is the error of a request whose context was done before it
 // began: nothing moved.
 func notStarted(kind string, ops []opSpec, err error) error {
@@ -404,9 +357,9 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
 	switch b.provider {
-	case "shm":
+	case fabric.BackendSHM:
 		x.pid, j.Check = o.peer.pid, peerAlive
-	case "tcp;ofi_rxm":
+	case fabric.BackendTCP:
 		x.probe.reset(o.ep.name, p.drop)
 		j.Check = tcpPeerAlive
 	}
@@ -417,7 +370,7 @@ func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
 	desc := x.local.mrs[b.index].Desc()
 	remote := o.ep.base + o.remote.off
 	end := o.remote.n
-	if b.provider == "shm" {
+	if b.provider == fabric.BackendSHM {
 		end = min(end, o.sent+shmPart)
 	}
 	for off := o.sent; off < end; off += b.chunk {
@@ -443,12 +396,12 @@ const shmPart = 32 << 20
 // part of a longer op (shmPart) and did not fail, starts the next part —
 // unless the request's context or deadline ended, which is the error it
 // returns then.
-func (m *Manager) nextPart(o *opSpec, lim limit) error {
+func (m *Manager) nextPart(o *opSpec, lim route.Limit) error {
 	x := o.x
 	more := len(x.job.Errs) == 0 && o.sent < o.remote.n
 	peer, start := x.job.PeerName, x.job.Start
 	var next *xfer
-	stop := lim.err()
+	stop := lim.Err()
 	if more && stop == nil {
 		next = m.newXfer(o.b)
 		next.local = x.local
@@ -460,9 +413,9 @@ func (m *Manager) nextPart(o *opSpec, lim limit) error {
 	case !more:
 		return nil
 	case stop != nil:
-		return lim.timeout(o, o.b.provider, peer, o.sent, o.b.chunk, stop)
+		return lim.Timeout(o.op, string(o.b.provider), peer, o.remote.n, o.sent, o.b.chunk, stop)
 	}
-	if err := m.fill(next, o, start, lim.deadline); err != nil {
+	if err := m.fill(next, o, start, lim.Deadline); err != nil {
 		next.release()
 		return err
 	}

@@ -1,15 +1,13 @@
 package transport
 
 import (
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/fitransfer/fitransfer/progress"
 )
-
-var nowFunc = time.Now
 
 // xfer is a job in flight and what it holds: a reference on its local
 // buffer and, for handle checks, scratch slots. Both the waiter and the
@@ -106,7 +104,7 @@ func peerAlive(j *progress.Job) error {
 		x.b.abandonDead(j.PeerName)
 	}
 	x.markStuck(j)
-	return &progress.PeerGoneError{Op: j.Op, Provider: "shm", Peer: j.PeerName, Cause: why}
+	return &progress.PeerGoneError{Op: j.Op, Provider: string(fabric.BackendSHM), Peer: j.PeerName, Cause: why}
 }
 
 // markStuck records, once, that x ends with ops in flight that may never

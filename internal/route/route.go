@@ -61,16 +61,13 @@ type Limit struct {
 	Start, Deadline time.Time
 }
 
-// Now is the clock of limits; tests replace it.
-var Now = time.Now
-
 // Err is the context's error, or context.DeadlineExceeded once the
 // deadline passed, or nil.
 func (l Limit) Err() error {
 	if err := l.Ctx.Err(); err != nil {
 		return err
 	}
-	if !Now().Before(l.Deadline) {
+	if !time.Now().Before(l.Deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -80,7 +77,7 @@ func (l Limit) Err() error {
 // done bytes, which moved in chunks of chunk bytes.
 func (l Limit) Timeout(op progress.Op, provider, peer string, n, done, chunk uint64, cause error) error {
 	return &progress.TimeoutError{Op: op, Provider: provider, Peer: peer, Bytes: n,
-		After: Now().Sub(l.Start), Completed: int(done / chunk), Total: int((n + chunk - 1) / chunk),
+		After: time.Since(l.Start), Completed: int(done / chunk), Total: int((n + chunk - 1) / chunk),
 		Cause: cause}
 }
 

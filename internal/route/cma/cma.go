@@ -1,0 +1,305 @@
+// Package cma is the route fitransfer takes itself to a process of this
+// node that the kernel verified (same node, same user): process_vm_readv
+// and process_vm_writev. docs/ARCHITECTURE.md says why it exists (shm
+// states a dying peer leaves behind); the transport checks the owner's
+// guard entry, read with ReadAt, before any op.
+//
+// The copy is synchronous: when Run returns nil for an op, its bytes are
+// in the destination process's memory, so a write is delivery-complete.
+package cma
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// Name is the route's name in handles and errors.
+const Name = "cma"
+
+const (
+	chunk = route.Piece // bytes per system call, so that the limit is checked in between
+	small = 1 << 20     // ops up to this size share system calls
+	// batchMax is how many ops one process_vm_readv/writev call carries
+	// (IOV_MAX is 1024).
+	batchMax = 256
+)
+
+var available struct {
+	once sync.Once
+	ok   bool
+	why  string
+}
+
+// Available reports whether this process uses the cma route, and why not
+// when it does not: FITRANSFER_CMA=0, or a yama ptrace_scope that
+// restricts process_vm_* to descendants or less.
+func Available() (bool, string) {
+	available.once.Do(func() {
+		scope := PtraceScope()
+		switch {
+		case os.Getenv("FITRANSFER_CMA") == "0":
+			available.why = "disabled by FITRANSFER_CMA=0"
+		case scope != "" && scope != "0":
+			available.why = "yama ptrace_scope=" + scope + " restricts process_vm_readv"
+		default:
+			available.ok = true
+		}
+	})
+	return available.ok, available.why
+}
+
+// PtraceScope is the yama LSM's ptrace_scope ("" without yama).
+func PtraceScope() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	return strings.TrimSpace(string(b))
+}
+
+// Route is the cma route of a manager: its role and why it was chosen.
+type Route struct {
+	Role, Reason string
+}
+
+// Kind is route.CMA.
+func (*Route) Kind() route.Kind { return route.CMA }
+
+// Name is "cma".
+func (*Route) Name() string { return Name }
+
+// Wedged is nil: a system call that copies does not wedge.
+func (*Route) Wedged() error { return nil }
+
+// Close is a no-op: the route holds no kernel object.
+func (*Route) Close() error { return nil }
+
+// Reach remembers, per process, whether process_vm_readv reaches it.
+type Reach struct {
+	mu   sync.Mutex
+	seen map[int]bool
+}
+
+// Reaches probes once whether process_vm_readv reads addr in process pid
+// (ptrace rules, pid namespaces), and remembers the answer.
+func (r *Reach) Reaches(pid int, addr uint64) bool {
+	r.mu.Lock()
+	ok, known := r.seen[pid]
+	r.mu.Unlock()
+	if known {
+		return ok
+	}
+	ok = Reaches(pid, addr)
+	r.mu.Lock()
+	if r.seen == nil {
+		r.seen = map[int]bool{}
+	}
+	r.seen[pid] = ok
+	r.mu.Unlock()
+	return ok
+}
+
+// Reaches reports whether process_vm_readv can read addr in process pid.
+func Reaches(pid int, addr uint64) bool {
+	if pid == os.Getpid() {
+		return true
+	}
+	var b [1]byte
+	n, err := unix.ProcessVMReadv(pid,
+		[]unix.Iovec{{Base: &b[0], Len: 1}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: 1}}, 0)
+	return err == nil && n == 1
+}
+
+// ProcName is how handles name a process on the cma route.
+func ProcName(pid int) []byte { return []byte(strconv.Itoa(pid)) }
+
+// PID is the process a cma name names, or 0.
+func PID(name []byte) int {
+	pid, err := strconv.Atoi(string(name))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// Peer is how errors name a process.
+func Peer(pid int) string { return "process " + strconv.Itoa(pid) }
+
+// Error is a failed cma copy.
+type Error struct {
+	Op     progress.Op
+	Peer   string
+	Offset uint64
+	Len    uint64
+	Errno  syscall.Errno
+}
+
+func (e *Error) Error() string {
+	hint := ""
+	switch e.Errno {
+	case unix.EFAULT:
+		hint = ": the owner's memory at the handle's address is not mapped (its buffer was freed while registered)"
+	case unix.EPERM:
+		hint = ": process_vm_readv/writev is not permitted between these processes (ptrace restrictions)"
+	}
+	return fmt.Sprintf("%s of %d bytes at offset %d with %s over cma failed: %v%s", e.Op, e.Len, e.Offset, e.Peer, e.Errno, hint)
+}
+
+// Unwrap exposes the errno.
+func (e *Error) Unwrap() error { return e.Errno }
+
+// errorOf turns a system call's error into the op's: a process that is
+// gone (ESRCH: no such process, or a zombie without memory) is
+// ErrPeerGone's *progress.PeerGoneError.
+func errorOf(op progress.Op, pid int, off, n uint64, err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno == unix.ESRCH {
+		_, why := proc.Gone(pid)
+		if why == "" {
+			why = "process " + strconv.Itoa(pid) + " no longer exists"
+		}
+		return &progress.PeerGoneError{Op: op, Provider: Name, Peer: Peer(pid), Cause: why}
+	}
+	if errors.As(err, &errno) {
+		return &Error{Op: op, Peer: Peer(pid), Offset: off, Len: n, Errno: errno}
+	}
+	return err
+}
+
+// ReadAt reads len(buf) bytes at addr in process pid, for an op of n
+// bytes: the owner's guard entry, checked before the op.
+func ReadAt(op progress.Op, pid int, addr uint64, buf []byte, n uint64) error {
+	got, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &buf[0], Len: uint64(len(buf))}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(buf)}}, 0)
+	if err != nil {
+		return errorOf(op, pid, 0, n, err)
+	}
+	if got != len(buf) {
+		return &Error{Op: op, Peer: Peer(pid), Len: uint64(len(buf)), Errno: unix.EFAULT}
+	}
+	return nil
+}
+
+// Op is one copy: Local's bytes to or from Remote in process PID.
+type Op struct {
+	Dir    progress.Op
+	PID    int
+	Local  []byte
+	Remote uint64
+}
+
+// batch is the iovecs of one call, pooled so that a request of small ops
+// allocates nothing.
+type batch struct {
+	ops  [batchMax]int // indices into the request's ops
+	liov [batchMax]unix.Iovec
+	riov [batchMax]unix.RemoteIovec
+}
+
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+// Run runs a request's cma ops: small ops to the same process in the
+// same direction go in one system call (a window of 8-byte writes costs
+// one call instead of one each), large ones alone, in chunks. A batch
+// that fails or comes up short is redone op by op, so that each error
+// names its op. It sets errs[i] for each op i that failed and returns how
+// many did.
+func Run(lim route.Limit, ops []Op, errs []error) int {
+	failed := 0
+	one := func(i int) {
+		if err := Copy(lim, &ops[i]); err != nil {
+			errs[i] = err
+			failed++
+		}
+	}
+	bt := batches.Get().(*batch)
+	defer batches.Put(bt)
+	n, pid, dir := 0, 0, progress.Read
+	var want uint64
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		todo := bt.ops[:n]
+		n = 0
+		if len(todo) == 1 || lim.Err() != nil {
+			for _, i := range todo {
+				one(i)
+			}
+			return
+		}
+		var done int
+		var err error
+		if dir == progress.Write {
+			done, err = unix.ProcessVMWritev(pid, bt.liov[:len(todo)], bt.riov[:len(todo)], 0)
+		} else {
+			done, err = unix.ProcessVMReadv(pid, bt.liov[:len(todo)], bt.riov[:len(todo)], 0)
+		}
+		if err != nil || uint64(done) != want {
+			for _, i := range todo {
+				one(i)
+			}
+		}
+	}
+	for i := range ops {
+		o := &ops[i]
+		size := uint64(len(o.Local))
+		if size == 0 || size > small {
+			flush() // ops run in the request's order
+			one(i)
+			continue
+		}
+		if n == batchMax || n > 0 && (o.PID != pid || o.Dir != dir || want+size > chunk) {
+			flush()
+		}
+		if n == 0 {
+			pid, dir, want = o.PID, o.Dir, 0
+		}
+		bt.ops[n] = i
+		bt.liov[n] = unix.Iovec{Base: &o.Local[0], Len: size}
+		bt.riov[n] = unix.RemoteIovec{Base: uintptr(o.Remote), Len: int(size)}
+		want += size
+		n++
+	}
+	flush()
+	clear(bt.liov[:])
+	return failed
+}
+
+// Copy moves one op's bytes, in chunks, looking at the limit in between:
+// a long copy ends at its deadline, not when its last byte moved.
+func Copy(lim route.Limit, o *Op) error {
+	size := uint64(len(o.Local))
+	for off := uint64(0); off < size; {
+		if err := lim.Err(); err != nil {
+			return lim.Timeout(o.Dir, Name, Peer(o.PID), size, off, chunk, err)
+		}
+		n := min(size-off, chunk)
+		liov := []unix.Iovec{{Base: &o.Local[off], Len: n}}
+		riov := []unix.RemoteIovec{{Base: uintptr(o.Remote + off), Len: int(n)}}
+		var done int
+		var err error
+		if o.Dir == progress.Write {
+			done, err = unix.ProcessVMWritev(o.PID, liov, riov, 0)
+		} else {
+			done, err = unix.ProcessVMReadv(o.PID, liov, riov, 0)
+		}
+		if err != nil {
+			return errorOf(o.Dir, o.PID, off, n, err)
+		}
+		if done == 0 {
+			return &Error{Op: o.Dir, Peer: Peer(o.PID), Offset: off, Len: n, Errno: unix.EFAULT}
+		}
+		off += uint64(done)
+	}
+	return nil
+}

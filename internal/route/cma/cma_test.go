@@ -1,0 +1,97 @@
+package cma
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+func open() route.Limit {
+	return route.Limit{Ctx: context.Background(), Start: time.Now(), Deadline: time.Now().Add(time.Minute)}
+}
+
+func requireCMA(t *testing.T) {
+	if ok, why := Available(); !ok {
+		testenv.Missing(t, "the cma route is not used here: "+why)
+	}
+}
+
+// TestRun copies within this process (process_vm_* on its own pid):
+// small ops share calls, large ones go in chunks; every byte arrives.
+func TestRun(t *testing.T) {
+	requireCMA(t)
+	remote, err := mr.Alloc(16 << 20)
+	require.NoError(t, err)
+	defer mr.Free(remote)
+	local, err := mr.Alloc(16 << 20)
+	require.NoError(t, err)
+	defer mr.Free(local)
+	for i := range remote {
+		remote[i] = byte(i * 7)
+	}
+	pid := os.Getpid()
+	base := uint64(mr.Addr(remote))
+	ops := []Op{
+		{Dir: progress.Read, PID: pid, Local: local[:8], Remote: base},
+		{Dir: progress.Read, PID: pid, Local: local[8:4096], Remote: base + 8},
+		{Dir: progress.Read, PID: pid, Local: local[4096 : 10<<20], Remote: base + 4096},
+		{Dir: progress.Write, PID: pid, Local: local[:8], Remote: base + 12<<20},
+	}
+	errs := make([]error, len(ops))
+	assert.Zero(t, Run(open(), ops, errs))
+	assert.Equal(t, []error{nil, nil, nil, nil}, errs)
+	assert.Equal(t, remote[:10<<20], local[:10<<20])
+	assert.Equal(t, remote[:8], remote[12<<20:12<<20+8], "the write")
+}
+
+// TestRunErrors: each op's error names its op, and batches that fail are
+// redone op by op: an unmapped address is a *Error with EFAULT, a
+// process that exited is ErrPeerGone, a limit already past a timeout.
+func TestRunErrors(t *testing.T) {
+	requireCMA(t)
+	local, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	defer mr.Free(local)
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	dead := cmd.Process.Pid
+	pid := os.Getpid()
+	ops := []Op{
+		{Dir: progress.Read, PID: pid, Local: local[:8], Remote: uint64(mr.Addr(local[2048:]))},
+		{Dir: progress.Read, PID: pid, Local: local[8:16], Remote: 8}, // unmapped
+		{Dir: progress.Write, PID: dead, Local: local[:8], Remote: 4096},
+	}
+	errs := make([]error, len(ops))
+	assert.Equal(t, 2, Run(open(), ops, errs))
+	assert.NoError(t, errs[0])
+	var ce *Error
+	require.ErrorAs(t, errs[1], &ce)
+	assert.Equal(t, unix.EFAULT, ce.Errno)
+	assert.ErrorIs(t, errs[2], errclass.PeerGone)
+
+	past := route.Limit{Ctx: context.Background(), Start: time.Now(), Deadline: time.Now().Add(-time.Second)}
+	err = Copy(past, &Op{Dir: progress.Read, PID: pid, Local: local[:8], Remote: uint64(mr.Addr(local[2048:]))})
+	var te *progress.TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded))
+}
+
+func TestNames(t *testing.T) {
+	assert.Equal(t, 1234, PID(ProcName(1234)))
+	assert.Zero(t, PID([]byte("-3")))
+	assert.Zero(t, PID([]byte("fi_shm://1")))
+	assert.Equal(t, "process 7", Peer(7))
+}
