@@ -546,13 +546,10 @@ func (l *Loop) iterate(now int64) bool {
 }
 
 // yieldEvery is how often a spinning loop yields its thread to other
-// goroutines (runtime.Gosched). Preemption is asynchronous anyway; the
-// yield only shortens the wait of a goroutine that wants to submit while
-// GOMAXPROCS threads spin. Each yield wakes an idle thread of the Go
-// runtime (a futex wake), and on a small machine that thread takes the
-// CPU of whoever spins there, the peer process of a benchmark say: a busy
-// shm owner that yielded every 256 rounds made about 8,000 futex calls a
-// second.
+// goroutines (runtime.Gosched): often enough that a goroutine wanting to
+// submit does not wait long, rarely enough that the runtime's thread
+// wake-ups do not take a small machine's CPU from the peer
+// (docs/ARCHITECTURE.md, "Progress").
 const yieldEvery = time.Millisecond
 
 // yieldIfDue yields when yieldEvery has passed since *yielded (monoNow).

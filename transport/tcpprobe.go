@@ -188,8 +188,8 @@ const (
 // from one whose process exited or is exiting, after a connection to it
 // was lost at lostAt. A refused dial means nothing listens there any
 // more. A process being killed closes its connections and its listener
-// one after the other (a killed owner's listener was seen to outlive its
-// failed connection by 1.4 ms), so a dial soon after a lost connection
+// one after the other (docs/RELIABILITY.md has the gap measured), so a
+// dial soon after a lost connection
 // can still reach the listener: until aliveRecheck after lostAt the
 // connection is watched, and a listener that closes meanwhile resets it
 // (the kernel resets what waits in a closing listener's backlog); then

@@ -1,8 +1,9 @@
 // Package cma is the route fitransfer takes itself to a process of this
 // node that the kernel verified (same node, same user): process_vm_readv
-// and process_vm_writev. docs/ARCHITECTURE.md says why it exists (shm
-// states a dying peer leaves behind); the transport checks the owner's
-// guard entry, read with ReadAt, before any op.
+// and process_vm_writev. It exists because libfabric's shm can be left
+// deaf for good by a peer that dies mid-copy (docs/RELIABILITY.md, "Why
+// cma"); the transport checks the owner's guard entry, read with ReadAt,
+// before any op.
 //
 // The copy is synchronous: when Run returns nil for an op, its bytes are
 // in the destination process's memory, so a write is delivery-complete.
