@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"os"
 	"sync"
 	"time"
@@ -85,7 +86,7 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 
 // registerOnce registers st on every backend; when one fails, it also
 // returns that backend.
-func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backend, error) {
+func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfabric.Route, error) {
 	if err := m.acquire(); err != nil {
 		return nil, nil, err
 	}
@@ -94,26 +95,22 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backen
 	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*ofi.MR, len(bs.all))
 	base := st.base
 	for _, b := range bs.all {
-		if b.retired.Load() {
+		if b.Retired.Load() {
 			continue
 		}
 		var err error
-		if derr := b.loop.Do(func() {
-			st.mrs[b.index], err = mr.Register(b.loop.Endpoint().Target(), mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})
-		}); derr != nil {
-			err = derr
-		}
+		st.mrs[b.Index], err = b.Register(mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})
 		if err != nil {
 			st.deregister()
 			return nil, b, err
 		}
-		st.eps = append(st.eps, remoteEP{provider: string(b.provider), name: b.name, key: st.mrs[b.index].Key(),
-			base: mr.RemoteAddr(b.virtAddr, base, 0)})
+		st.eps = append(st.eps, remoteEP{provider: b.Name(), name: b.EndpointName(), key: st.mrs[b.Index].Key(),
+			base: mr.RemoteAddr(b.VirtAddr, base, 0)})
 	}
 	if g := m.guard; g != nil {
 		var shmKey uint64
 		if s := bs.sameNode; s != nil {
-			shmKey = st.mrs[s.index].Key()
+			shmKey = st.mrs[s.Index].Key()
 		}
 		cmaKey := mr.RandomKey(8)
 		slot, gen, err := g.publish(st.id, uint64(base), st.size, shmKey, cmaKey, access)
@@ -123,8 +120,8 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *backen
 		}
 		st.guard, st.hasGrd = slot, true
 		for i := range st.eps {
-			if s := bs.sameNode; s != nil && st.eps[i].provider == string(s.provider) {
-				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(s.virtAddr, uintptr(g.base), 0), key: s.scratch.table.Key(), slot: slot, gen: gen}
+			if s := bs.sameNode; s != nil && st.eps[i].provider == s.Name() {
+				st.eps[i].guard = &guardRef{table: mr.RemoteAddr(s.VirtAddr, uintptr(g.base), 0), key: s.Scratch.TableKey(), slot: slot, gen: gen}
 			}
 		}
 		if m.cma != nil && st.iface == mr.Host { // process_vm_* cannot reach device memory
@@ -228,9 +225,10 @@ func (b *Buffer) Close() error {
 	return e
 }
 
-// addStuck counts transfers holding the buffer whose ops may never
-// complete; a Close waiting only for such transfers stops waiting.
-func (st *bufState) addStuck(delta int) {
+// AddStuck counts transfers holding the buffer whose ops may never
+// complete; a Close waiting only for such transfers stops waiting. It
+// and Unref make a bufState the libfabric.Holder of its transfers.
+func (st *bufState) AddStuck(delta int) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.stuck += delta
@@ -266,9 +264,9 @@ func (st *bufState) hold() {
 	st.mu.Unlock()
 }
 
-// unref ends a transfer's hold; the last one after Close deregisters.
+// Unref ends a transfer's hold; the last one after Close deregisters.
 // It may run on a loop goroutine, so deregistration goes elsewhere.
-func (st *bufState) unref() {
+func (st *bufState) Unref() {
 	st.mu.Lock()
 	st.refs--
 	last := st.refs == 0 && st.closed && !st.deregistered
@@ -298,12 +296,12 @@ func (st *bufState) deregister() {
 	st.deregistered = true
 	st.mu.Unlock()
 	for _, b := range st.m.backends().all {
-		if b.index >= len(st.mrs) || b.retired.Load() {
+		if b.Index >= len(st.mrs) || b.Retired.Load() {
 			continue // a retired backend's loop is stuck: its MRs stay
 		}
 		// st.mrs[i] is read and cleared only on backend i's loop: a
 		// Manager.Close closing the same MR runs there too.
-		if err := b.loop.Do(func() { st.closeMR(b.index) }); err != nil {
+		if err := b.Do(func() { st.closeMR(b.Index) }); err != nil {
 			// The loop is closing: Manager.Close closes the MR.
 			continue
 		}

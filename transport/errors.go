@@ -59,7 +59,7 @@ var (
 	// ErrEndpointBlocked: an shm endpoint that can complete no more ops,
 	// because ops to a peer that died are still in flight on it (see
 	// backend.blocked).
-	ErrEndpointBlocked = errors.New("endpoint blocked")
+	ErrEndpointBlocked = errclass.Blocked
 	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
 	// does not return (a *progress.WedgedError); ops on it fail with it,
 	// and Manager.Close reports it, leaving that endpoint and its memory

@@ -9,7 +9,7 @@ func ReplaceSameNode(m *Manager) error { return m.replaceSameNode(m.backends().s
 // it. It returns once the call holds the endpoint.
 func HoldEndpoint(m *Manager, release <-chan struct{}) {
 	held := make(chan struct{})
-	go m.backends().all[0].loop.Do(func() {
+	go m.backends().all[0].Do(func() {
 		close(held)
 		<-release
 	})

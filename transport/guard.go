@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -111,77 +111,6 @@ func (g *guardTable) revoke(slot uint32) {
 	g.mu.Unlock()
 }
 
-// scratchPool is an shm backend's registrations for handle checks: the
-// guard table, for peers to read, and the memory where this manager reads
-// its peers' entries to.
-type scratchPool struct {
-	table *ofi.MR // the guard table's registration on the backend
-	mem   []byte
-	mr    *ofi.MR
-	slots chan uint32
-}
-
-func (s *scratchPool) get(ctx context.Context, deadline time.Time) (uint32, error) {
-	select {
-	case i := <-s.slots:
-		return i, nil
-	default:
-	}
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case i := <-s.slots:
-		return i, nil
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-t.C:
-		return 0, fmt.Errorf("handle check: %w: all %d scratch slots stayed busy until the deadline", context.DeadlineExceeded, scratchSlots)
-	}
-}
-
-func (s *scratchPool) put(i uint32) { s.slots <- i }
-
-func (s *scratchPool) entry(i uint32) []byte {
-	return s.mem[int(i)*guardEntrySize : int(i+1)*guardEntrySize]
-}
-
-// registerGuard registers the table for remote read on the shm backend
-// and allocates the scratch space shm handle checks land in.
-func registerGuard(g *guardTable, b *backend) (*scratchPool, error) {
-	smem, err := mr.Alloc(scratchSlots * guardEntrySize)
-	if err != nil {
-		return nil, err
-	}
-	s := &scratchPool{mem: smem, slots: make(chan uint32, scratchSlots)}
-	for i := uint32(0); i < scratchSlots; i++ {
-		s.slots <- i
-	}
-	var gerr, serr error
-	if err := b.loop.Do(func() {
-		ep := b.loop.Endpoint()
-		s.table, gerr = mr.Register(ep.Target(), mr.HostRegion(g.mem, mr.RemoteRead))
-		s.mr, serr = mr.Register(ep.Target(), mr.HostRegion(smem, 0))
-	}); err != nil {
-		gerr = err
-	}
-	if gerr != nil || serr != nil {
-		_ = b.loop.Do(func() { _ = s.table.Close(); _ = s.mr.Close() })
-		_ = mr.Free(smem)
-		if gerr == nil {
-			gerr = serr
-		}
-		return nil, fmt.Errorf("shm guard table: %w", gerr)
-	}
-	return s, nil
-}
-
-// closeGuardMRs deregisters the table and the scratch space (on the shm
-// loop, before its endpoint closes).
-func closeGuardMRs(s *scratchPool) {
-	_ = s.table.Close()
-	_ = s.mr.Close()
-}
-
 // checkEntry compares a guard entry, as read from the owner, with what a
 // handle claims and what the op needs. On the cma path the entry must also
 // name the handle's table (cma has no memory keys of its own).
@@ -231,10 +160,10 @@ var guardChecks = sync.Pool{New: func() any {
 
 // verifyGuards reads the guard entries of the ops' handles (one job per
 // peer) and sets each check's err.
-func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck) error {
+func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck) error {
 	for first := 0; first < len(checks); first++ {
 		name := ops[checks[first].op].ep.name
-		if first > 0 && done(ops, checks[:first], name) {
+		if first > 0 && checkedPeer(ops, checks[:first], name) {
 			continue
 		}
 		if err := m.verifyPeerGuards(ctx, deadline, b, ops, checks[first:], name); err != nil {
@@ -244,8 +173,8 @@ func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *backe
 	return nil
 }
 
-// done reports whether the checks of the peer name were already run.
-func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
+// checkedPeer reports whether the checks of the peer name were already run.
+func checkedPeer(ops []opSpec, earlier []guardCheck, name []byte) bool {
 	for _, c := range earlier {
 		if string(ops[c.op].ep.name) == string(name) {
 			return true
@@ -256,25 +185,22 @@ func done(ops []opSpec, earlier []guardCheck, name []byte) bool {
 
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
-func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *backend, ops []opSpec, checks []guardCheck, name []byte) error {
-	if err := b.blockedOrGone(progress.Read, name); err != nil {
+func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck, name []byte) error {
+	if err := b.BlockedOrGone(progress.Read, name); err != nil {
 		return err
 	}
-	p, err := b.peer(name)
+	p, err := b.Peer(name)
 	if err != nil {
 		return err
 	}
-	x := m.newXfer(b)
-	x.peer = p // held until the job is idle
+	x := b.NewXfer(nil)
+	x.Aim(p, progress.Read, time.Now(), deadline, ops[checks[0].op].peer.pid) // x holds p until its job is idle
 	release := true
 	defer func() {
 		if release {
-			x.release()
+			x.Release()
 		}
 	}()
-	j := x.job
-	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = progress.Read, p.addr, p.name, time.Now(), deadline
-	x.pid, j.Check = ops[checks[0].op].peer.pid, peerAlive
 	for i := range checks {
 		ep := ops[checks[i].op].ep
 		if string(ep.name) != string(name) {
@@ -282,35 +208,18 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		}
 		peer := ops[checks[i].op].peer // the table's place comes from the owner, verified, not from the handle
 		remote := peer.shm.table + uint64(ep.guard.slot)*guardEntrySize
-		checks[i].entry = -1
-		for k := range j.Chunks {
-			if j.Chunks[k].Remote == remote && j.Chunks[k].Key == peer.shm.key {
-				checks[i].entry = k
-				break
-			}
-		}
-		if checks[i].entry >= 0 {
-			continue
-		}
-		s, err := b.scratch.get(ctx, deadline)
-		if err != nil {
+		if checks[i].entry, err = x.ReadEntry(ctx, deadline, remote, peer.shm.key); err != nil {
 			return err
 		}
-		x.scratch = append(x.scratch, s)
-		entry := b.scratch.entry(s)
-		checks[i].entry = len(j.Chunks)
-		j.Chunks = append(j.Chunks, progress.Chunk{
-			Local: mr.Addr(entry), Desc: b.scratch.mr.Desc(), Len: guardEntrySize,
-			Remote: remote, Key: peer.shm.key,
-		})
 	}
-	if err := x.submit(); err != nil {
+	if err := x.Submit(); err != nil {
 		return err
 	}
-	if err := b.loop.Wait(ctx, j); err != nil {
+	if err := b.Wait(ctx, x); err != nil {
 		release = false // the wedged loop keeps the job and the scratch it reads into
 		return err
 	}
+	j := x.Job()
 	if len(j.Errs) > 0 {
 		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks),
 			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}
@@ -320,7 +229,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *b
 		if string(o.ep.name) != string(name) {
 			continue
 		}
-		checks[i].err = checkEntry(b.scratch.entry(x.scratch[checks[i].entry]), &o.remote, o.ep, need(o.op), b.virtAddr)
+		checks[i].err = checkEntry(x.Entry(checks[i].entry), &o.remote, o.ep, need(o.op), b.VirtAddr)
 	}
 	return nil
 }

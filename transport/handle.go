@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"hash/crc32"
 
 	"github.com/fitransfer/fitransfer/mr"
@@ -19,7 +21,7 @@ const (
 	handleVersion    = 1
 	maxHandleEPs     = 8
 	maxProviderLen   = 64
-	maxEPNameLen     = 1024
+	maxEPNameLen     = libfabric.MaxNameLen
 	handleHeaderSize = 4 + 1 + 1 + 1 + 1 + 16 + 16 + 8 + 8 + 8 + 8
 	// MaxHandleSize bounds an encoded handle.
 	MaxHandleSize = handleHeaderSize + maxHandleEPs*(1+maxProviderLen+2+maxEPNameLen+8+8+1+8+8+4+8) + 4
@@ -28,7 +30,7 @@ const (
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrBadHandle is wrapped by every error decoding a handle.
-var ErrBadHandle = errors.New("invalid buffer handle")
+var ErrBadHandle = errclass.BadHandle
 
 func badHandle(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadHandle, fmt.Sprintf(format, args...))

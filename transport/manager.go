@@ -7,6 +7,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"net"
 	"os"
 	"strings"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
@@ -48,9 +48,9 @@ type Manager struct {
 // when a wedged shm endpoint is swapped for a new one, the wedged backend
 // stays in all (retired), so that every backend keeps its index.
 type backendSet struct {
-	all      []*backend // by index
-	sameNode *backend   // shm; nil when none
-	remote   *backend   // nil when none
+	all      []*libfabric.Route // by index
+	sameNode *libfabric.Route   // shm; nil when none
+	remote   *libfabric.Route   // nil when none
 }
 
 // backends is the current set.
@@ -130,14 +130,14 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			return nil, err
 		}
 		bs.all = append(bs.all, b)
-		m.log.Info().Str("provider", string(b.provider)).Str("domain", b.info.Domain.Name).Str("role", p.role).
+		m.log.Info().Str("provider", b.Name()).Str("domain", b.Info.Domain.Name).Str("role", p.role).
 			Str("reason", p.reason).Msg("backend open")
 	}
 	for _, b := range bs.all {
 		switch {
-		case b.provider == fabric.BackendSHM && bs.sameNode == nil:
+		case b.Provider == fabric.BackendSHM && bs.sameNode == nil:
 			bs.sameNode = b
-		case b.provider != fabric.BackendSHM && bs.remote == nil:
+		case b.Provider != fabric.BackendSHM && bs.remote == nil:
 			bs.remote = b
 		}
 	}
@@ -156,7 +156,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			return nil, err
 		}
 		if bs.sameNode != nil {
-			if bs.sameNode.scratch, err = registerGuard(m.guard, bs.sameNode); err != nil {
+			if err := bs.sameNode.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
 				m.Close()
 				return nil, err
 			}
@@ -240,13 +240,8 @@ func (m *Manager) replaceProvider(infos []fabric.Info, provider string, query fu
 	return append(out, again...)
 }
 
-func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*backend, error) {
-	ep, err := endpoint.Open(info)
-	if err != nil {
-		return nil, err
-	}
-	loop := progress.Start(ep, m.cfg.poll, m.log)
-	return newBackend(index, ep, loop, reason, role, m.cfg.chunk), nil
+func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*libfabric.Route, error) {
+	return libfabric.Open(index, info, reason, role, m.cfg.poll, m.log, m.cfg.chunk)
 }
 
 func canonicalProvider(p string) string {
@@ -262,21 +257,11 @@ func firstRMA(infos []fabric.Info, provider string) *fabric.Info {
 		if in.EP.Type != fabric.EPRDM || !in.Caps.Has(fabric.RMACaps) {
 			continue
 		}
-		if transportName(in) == provider {
+		if libfabric.Name(in) == provider {
 			return in
 		}
 	}
 	return nil
-}
-
-// transportName names a backend in handles: the provider, except that
-// efa's efa-direct fabric (not interoperable with efa's RDM protocol) is
-// "efa-direct".
-func transportName(in *fabric.Info) string {
-	if in.Fabric.ProvName == "efa" && in.Fabric.Name == "efa-direct" {
-		return string(fabric.BackendEFADirect)
-	}
-	return in.Fabric.ProvName
 }
 
 func providerList(infos []fabric.Info) string {
@@ -316,13 +301,12 @@ func (m *Manager) Backends() []Backend {
 		out = append(out, Backend{Provider: c.Name(), Role: c.Role, Reason: c.Reason, Address: cma.Peer(os.Getpid())})
 	}
 	for _, b := range m.backends().all {
-		role := b.role
-		if b.retired.Load() {
+		role := b.Role
+		if b.Retired.Load() {
 			role = "retired"
 		}
-		out = append(out, Backend{Provider: string(b.provider), Fabric: b.info.Fabric.Name, Domain: b.info.Domain.Name,
-			Role: role, Reason: b.reason,
-			Address: ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()})
+		out = append(out, Backend{Provider: b.Name(), Fabric: b.Info.Fabric.Name, Domain: b.Info.Domain.Name,
+			Role: role, Reason: b.Reason, Address: b.Address()})
 	}
 	return out
 }
@@ -366,11 +350,10 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 		return Route{Backend: cma.Name, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
 	}
 	host := ""
-	if hp := sockaddrHostPort(ep.name); hp != "" && b.provider == fabric.BackendTCP {
+	if hp := libfabric.SockaddrHostPort(ep.name); hp != "" && b.Provider == fabric.BackendTCP {
 		host, _, _ = net.SplitHostPort(hp)
 	}
-	return Route{Backend: string(b.provider), Locality: loc, Reason: reason, Host: host,
-		Peer: ofi.Addr{Format: b.info.AddrFormat, Bytes: ep.name}.String()}, nil
+	return Route{Backend: b.Name(), Locality: loc, Reason: reason, Host: host, Peer: b.Addr(ep.name)}, nil
 }
 
 // matchesPeer checks a same-node endpoint of a handle against its owner
@@ -393,8 +376,8 @@ func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
 // routed is where a handle's transfers go.
 type routed struct {
 	kind  route.Kind
-	b     *backend  // the fabric route's endpoint; nil on the others
-	ep    *remoteEP // the handle's endpoint on b
+	b     *libfabric.Route // the fabric route; nil on the others
+	ep    *remoteEP        // the handle's endpoint on b
 	loc   fabric.Locality
 	owner *Manager      // the owning manager, when it is in this process
 	peer  *sameNodePeer // the verified owner process, on a same-node route
@@ -425,7 +408,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 	bs := m.backends()
 	cmaEP, shmEP := r.endpoint(cma.Name), (*remoteEP)(nil)
 	if bs.sameNode != nil {
-		shmEP = r.endpoint(string(bs.sameNode.provider))
+		shmEP = r.endpoint(bs.sameNode.Name())
 	}
 	if rt.loc == fabric.SameNode && (m.cma != nil && cmaEP != nil || shmEP != nil) {
 		peer, err := m.sameNodePeer(r.owner)
@@ -445,7 +428,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			if cmaEP != nil {
 				pid = cma.PID(cmaEP.name)
 			} else {
-				pid = shmPeerPID(shmEP.name)
+				pid = libfabric.ShmPeerPID(shmEP.name)
 			}
 			if gone, why := proc.Gone(pid); gone {
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
@@ -459,7 +442,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		if rt.gone != nil {
 			rt.gone.Provider = cma.Name
 			if m.cma == nil || cmaEP == nil {
-				rt.gone.Provider = string(bs.sameNode.provider)
+				rt.gone.Provider = bs.sameNode.Name()
 			}
 		}
 		switch {
@@ -473,24 +456,24 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		}
 	}
 	if bs.remote != nil {
-		if ep := r.endpoint(string(bs.remote.provider)); ep != nil {
+		if ep := r.endpoint(bs.remote.Name()); ep != nil {
 			rt.kind, rt.b, rt.ep = route.Fabric, bs.remote, ep
 			return rt, nil
 		}
 	}
 	for _, b := range bs.all {
-		if b.provider == fabric.BackendSHM || b.retired.Load() {
+		if b.Provider == fabric.BackendSHM || b.Retired.Load() {
 			continue // same-node routes only toward a verified owner, above
 		}
-		if ep := r.endpoint(string(b.provider)); ep != nil {
+		if ep := r.endpoint(b.Name()); ep != nil {
 			rt.kind, rt.b, rt.ep = route.Fabric, b, ep
 			return rt, nil
 		}
 	}
 	var local []string
 	for _, b := range bs.all {
-		if !b.retired.Load() {
-			local = append(local, string(b.provider))
+		if !b.Retired.Load() {
+			local = append(local, b.Name())
 		}
 	}
 	if m.cma != nil {
@@ -512,8 +495,8 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 // pingpong, a flag — and wants that spinning to drive progress too.
 func (m *Manager) Poll() {
 	for _, b := range m.backends().all {
-		if !b.retired.Load() {
-			b.loop.Poll()
+		if !b.Retired.Load() {
+			b.Poll()
 		}
 	}
 }
@@ -547,18 +530,15 @@ func (m *Manager) Close() error {
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
-		err := b.loop.Close(func() {
+		err := b.Close(func() {
 			for _, st := range bufs {
-				if b.index < len(st.mrs) {
-					st.closeMR(b.index)
+				if b.Index < len(st.mrs) {
+					st.closeMR(b.Index)
 				}
-			}
-			if b.scratch != nil {
-				closeGuardMRs(b.scratch)
 			}
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.provider, err))
+			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
 		}
 	}
 	for _, st := range bufs {
@@ -566,13 +546,11 @@ func (m *Manager) Close() error {
 	}
 	wedged := false
 	for _, b := range bs.all {
-		if !b.loop.Stopped() {
+		if !b.Stopped() {
 			wedged = true // its endpoint may still use the memory below
 			continue
 		}
-		if b.scratch != nil {
-			_ = mr.Free(b.scratch.mem)
-		}
+		b.FreeScratch()
 	}
 	if m.guard != nil && !wedged {
 		_ = mr.Free(m.guard.mem)
@@ -600,19 +578,19 @@ func (m *Manager) releaseManager() { m.mu.RUnlock() }
 // before keep their other routes; peers verified before re-verify and
 // learn the new shm address. It does nothing when old is no longer the
 // shm backend.
-func (m *Manager) replaceSameNode(old *backend) error {
+func (m *Manager) replaceSameNode(old *libfabric.Route) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cur := m.backends()
-	if m.closed || cur.sameNode != old || old.retired.Load() {
+	if m.closed || cur.sameNode != old || old.Retired.Load() {
 		return nil
 	}
-	old.retired.Store(true)
-	next := &backendSet{all: append([]*backend(nil), cur.all...), remote: cur.remote}
-	b, err := m.open(len(next.all), &old.info, old.reason, old.role)
+	old.Retired.Store(true)
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote}
+	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
 	if err == nil {
-		if b.scratch, err = registerGuard(m.guard, b); err != nil {
-			b.loop.Close(nil)
+		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
+			_ = b.Close(nil)
 		}
 	}
 	if err != nil {
@@ -626,17 +604,16 @@ func (m *Manager) replaceSameNode(old *backend) error {
 	if m.verifier != nil {
 		m.verifier.dropPeers() // they hold the old shm address
 	}
-	m.log.Warn().Str("old", ofi.Addr{Format: old.info.AddrFormat, Bytes: old.name}.String()).
-		Str("new", ofi.Addr{Format: b.info.AddrFormat, Bytes: b.name}.String()).
+	m.log.Warn().Str("old", old.Address()).Str("new", b.Address()).
 		Msg("shm endpoint stuck inside libfabric: retired, and a new one opened")
 	return nil
 }
 
 // replaceIfStuck replaces the shm backend b when err, an operation's
 // failure, came with b stuck inside libfabric.
-func (m *Manager) replaceIfStuck(b *backend, err error) bool {
+func (m *Manager) replaceIfStuck(b *libfabric.Route, err error) bool {
 	var we *progress.WedgedError
-	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.loop.Wedged() == nil {
+	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.Wedged() == nil {
 		return false
 	}
 	return m.replaceSameNode(b) == nil

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 )
 
 // Address is a manager's endpoint names, one per backend. Hand it to a
@@ -26,10 +26,10 @@ type AddressEndpoint struct {
 func (m *Manager) Address() Address {
 	var a Address
 	for _, b := range m.backends().all {
-		if b.retired.Load() {
+		if b.Retired.Load() {
 			continue
 		}
-		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: string(b.provider), Name: append([]byte(nil), b.name...)})
+		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: b.Name(), Name: append([]byte(nil), b.EndpointName()...)})
 	}
 	return a
 }
@@ -49,16 +49,16 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 	}
 	defer m.releaseManager()
 	type add struct {
-		b    *backend
+		b    *libfabric.Route
 		name []byte
 	}
 	var adds []add
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if string(b.provider) != ep.Provider || b.provider == fabric.BackendSHM || b.retired.Load() {
+			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() {
 				continue
 			}
-			if err := b.checkName(ep.Name); err != nil {
+			if err := b.CheckName(ep.Name); err != nil {
 				return nil, err // before anything was inserted
 			}
 			adds = append(adds, add{b, ep.Name})
@@ -66,21 +66,16 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 	}
 	var done []string
 	for i, ad := range adds {
-		p, err := ad.b.peer(ad.name)
+		p, err := ad.b.Peer(ad.name)
 		if err != nil {
 			for _, undo := range adds[:i] {
-				undo.b.unadd(undo.name)
+				undo.b.Unadd(undo.name)
 			}
-			return nil, fmt.Errorf("add peer %s on %s: %w", ofi.Addr{Format: ad.b.info.AddrFormat, Bytes: ad.name}, ad.b.provider, err)
+			return nil, fmt.Errorf("add peer %s on %s: %w", ad.b.Addr(ad.name), ad.b.Provider, err)
 		}
-		p.done() // AddPeer's hold is added, below
-		ad.b.mu.Lock()
-		if ad.b.added == nil {
-			ad.b.added = map[string]int{}
-		}
-		ad.b.added[string(ad.name)]++
-		ad.b.mu.Unlock()
-		done = append(done, string(ad.b.provider))
+		p.Done() // AddPeer's hold is added, below
+		ad.b.Add(ad.name)
+		done = append(done, ad.b.Name())
 	}
 	return done, nil
 }
@@ -97,26 +92,10 @@ func (m *Manager) RemovePeer(a Address) {
 	defer m.releaseManager()
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if string(b.provider) != ep.Provider || b.provider == fabric.BackendSHM || b.retired.Load() {
+			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() {
 				continue
 			}
-			b.unadd(ep.Name)
+			b.Unadd(ep.Name)
 		}
-	}
-}
-
-// unadd undoes one AddPeer of name; the last one forgets the peer. A
-// name never added is left alone: it may be another session's peer.
-func (b *backend) unadd(name []byte) {
-	b.mu.Lock()
-	n, ok := b.added[string(name)]
-	if ok && n > 1 {
-		b.added[string(name)] = n - 1
-	} else {
-		delete(b.added, string(name))
-	}
-	b.mu.Unlock()
-	if ok && n == 1 {
-		b.forget(name)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"net"
 	"os"
 	"strings"
@@ -80,9 +81,9 @@ func (m *Manager) proof() []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.guard.id)
 	var shm guardLoc
 	var name []byte
-	if sn := m.backends().sameNode; sn != nil && sn.scratch != nil {
-		shm = guardLoc{table: mr.RemoteAddr(sn.virtAddr, uintptr(m.guard.base), 0), key: sn.scratch.table.Key()}
-		name = sn.name
+	if sn := m.backends().sameNode; sn != nil && sn.Scratch != nil {
+		shm = guardLoc{table: mr.RemoteAddr(sn.VirtAddr, uintptr(m.guard.base), 0), key: sn.Scratch.TableKey()}
+		name = sn.EndpointName()
 	}
 	b = binary.LittleEndian.AppendUint64(b, shm.table)
 	b = binary.LittleEndian.AppendUint64(b, shm.key)
@@ -424,8 +425,8 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	if pid != int(cred.Pid) {
 		return fail("process %d claims to be process %d", cred.Pid, pid)
 	}
-	if p.shmName != nil && shmPeerPID(p.shmName) != pid {
-		return fail("process %d names an shm endpoint of process %d", pid, shmPeerPID(p.shmName))
+	if p.shmName != nil && libfabric.ShmPeerPID(p.shmName) != pid {
+		return fail("process %d names an shm endpoint of process %d", pid, libfabric.ShmPeerPID(p.shmName))
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	p.pid = pid
@@ -444,7 +445,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 // mapping of its region.
 func (m *Manager) forgetSameNode(p *sameNodePeer) {
 	if sn := m.backends().sameNode; sn != nil && p.shmName != nil {
-		sn.forget(p.shmName)
+		sn.Forget(p.shmName)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/memcpy"
 	"slices"
 	"time"
@@ -65,11 +66,11 @@ type opSpec struct {
 
 	// set while executing
 	kind      route.Kind
-	b         *backend // the fabric route's endpoint; nil on the others
+	b         *libfabric.Route // the fabric route; nil on the others
 	ep        *remoteEP
 	peer      *sameNodePeer // same-node routes: the owner the kernel verified
 	target    *bufState     // memcpy: the other buffer
-	x         *xfer
+	x         *libfabric.Xfer
 	submitted bool
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
 }
@@ -113,27 +114,26 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		if o.kind != route.Fabric {
 			continue
 		}
-		if err := o.b.loop.Wedged(); err != nil {
+		if err := o.b.Wedged(); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
 		}
-		if err := o.b.blockedOrGone(o.op, o.ep.name); err != nil {
+		if err := o.b.BlockedOrGone(o.op, o.ep.name); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
 		}
-		x := m.newXfer(o.b)
-		o.x = x
-		x.local, o.local.st = o.local.st, nil // the xfer releases the local ref now
+		x := o.b.NewXfer(o.local.st)
+		o.x, o.local.st = x, nil // the Xfer releases the local ref now
 		if err := m.fill(x, o, start, deadline); err != nil {
 			errs = append(errs, err)
 			failed++
 			continue
 		}
-		chunks += int((o.remote.n + o.b.chunk - 1) / o.b.chunk) // every part's
-		if err := x.submit(); err != nil {
-			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.provider, ErrClosed))
+		chunks += int((o.remote.n + o.b.Chunk - 1) / o.b.Chunk) // every part's
+		if err := x.Submit(); err != nil {
+			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.Provider, ErrClosed))
 			failed++
 			continue
 		}
@@ -159,14 +159,16 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	for i := range ops {
 		o := &ops[i]
 		for o.x != nil { // each part of the op
-			j := o.x.job
+			j := o.x.Job()
 			victim := false
 			if o.submitted {
-				err := o.b.loop.Wait(ctx, j)
-				if err == nil && o.b.provider == fabric.BackendTCP {
+				err := o.b.Wait(ctx, o.x)
+				if err == nil && o.b.Provider == fabric.BackendTCP {
 					// o.x changes when the job is posted again.
-					victim, err = m.redoAfterDrop(ctx, o, start, deadline)
-					j = o.x.job
+					o.x, victim, err = o.b.RedoAfterDrop(ctx, o.x, start, deadline, func(old *libfabric.Xfer) (*libfabric.Xfer, error) {
+						return m.resubmit(o, old, start, deadline)
+					})
+					j = o.x.Job()
 				}
 				if err != nil {
 					// Wedged: the job stays the loop's; its xfer is left.
@@ -185,8 +187,8 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					failed++
 				}
 			}
-			if o.b.provider == fabric.BackendTCP {
-				if why := tcpExplain(j, o.ep.name, victim); why != nil {
+			if o.b.Provider == fabric.BackendTCP {
+				if why := libfabric.Explain(j, o.ep.name, victim); why != nil {
 					// Not a chunk: the explanation, ahead of the job's
 					// errors so that the message leads with it.
 					errs = slices.Insert(errs, first, why)
@@ -226,7 +228,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 		guardChecks.Put(pooled)
 	}()
 	var cmaSeen cmaEntries
-	var checkBackend *backend
+	var checkBackend *libfabric.Route
 	for i := range ops {
 		o := &ops[i]
 		if o.local.st == nil || o.local.st.m != m {
@@ -252,10 +254,10 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 		if o.kind == route.CMA && o.local.st.iface != mr.Host {
 			// process_vm_* cannot reach device memory: shm, if both have it.
 			sn := m.backends().sameNode
-			if sn == nil || o.remote.endpoint(string(sn.provider)) == nil || o.peer.shmName == nil {
+			if sn == nil || o.remote.endpoint(sn.Name()) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
-			o.kind, b, o.b, o.ep = route.Fabric, sn, sn, o.remote.endpoint(string(sn.provider))
+			o.kind, b, o.b, o.ep = route.Fabric, sn, sn, o.remote.endpoint(sn.Name())
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
 				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
 			}
@@ -272,7 +274,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			if err := cmaCheck(o, &cmaSeen); err != nil {
 				return err
 			}
-		case b.scratch != nil:
+		case b.Scratch != nil:
 			if ep.guard == nil {
 				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
 			}
@@ -347,34 +349,32 @@ func notStarted(kind string, ops []opSpec, err error) error {
 
 // fill builds the job of a network op: chunks no larger than the
 // backend's limit, the peer's address, the completion level.
-func (m *Manager) fill(x *xfer, o *opSpec, start, deadline time.Time) error {
+func (m *Manager) fill(x *libfabric.Xfer, o *opSpec, start, deadline time.Time) error {
 	b := o.b
-	p, err := b.peer(o.ep.name)
+	p, err := b.Peer(o.ep.name)
 	if err != nil {
-		return fmt.Errorf("%s over %s: %w", o.op, b.provider, err)
+		return fmt.Errorf("%s over %s: %w", o.op, b.Provider, err)
 	}
-	x.peer = p // held until the job is idle
-	j := x.job
-	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = o.op, p.addr, p.name, start, deadline
-	switch b.provider {
-	case fabric.BackendSHM:
-		x.pid, j.Check = o.peer.pid, peerAlive
-	case fabric.BackendTCP:
-		x.probe.reset(o.ep.name, p.drop)
-		j.Check = tcpPeerAlive
+	pid := 0
+	if o.peer != nil {
+		pid = o.peer.pid
 	}
+	x.Aim(p, o.op, start, deadline, pid) // x holds p until its job is idle
+	j := x.Job()
 	if o.op == progress.Write {
-		j.Flags = m.writeFlags(b, o.peer)
+		reaches := o.peer != nil && b.Provider == fabric.BackendSHM && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
+		j.Flags = b.WriteFlags(m.cfg.transmitComplete, o.peer != nil, reaches)
 	}
-	lv := view{x.local, o.local.off, o.local.n}
-	desc := x.local.mrs[b.index].Desc()
+	st := x.Local().(*bufState)
+	lv := view{st, o.local.off, o.local.n}
+	desc := st.mrs[b.Index].Desc()
 	remote := o.ep.base + o.remote.off
 	end := o.remote.n
-	if b.provider == fabric.BackendSHM {
+	if b.Provider == fabric.BackendSHM {
 		end = min(end, o.sent+shmPart)
 	}
-	for off := o.sent; off < end; off += b.chunk {
-		n := min(b.chunk, end-off)
+	for off := o.sent; off < end; off += b.Chunk {
+		n := min(b.Chunk, end-off)
 		j.Chunks = append(j.Chunks, progress.Chunk{Local: lv.ptr(off), Desc: desc, Len: n,
 			Remote: remote + off, Key: o.ep.key, Offset: off})
 	}
@@ -398,30 +398,30 @@ const shmPart = 32 << 20
 // returns then.
 func (m *Manager) nextPart(o *opSpec, lim route.Limit) error {
 	x := o.x
-	more := len(x.job.Errs) == 0 && o.sent < o.remote.n
-	peer, start := x.job.PeerName, x.job.Start
-	var next *xfer
+	more := len(x.Job().Errs) == 0 && o.sent < o.remote.n
+	peer, start := x.Job().PeerName, x.Job().Start
+	var next *libfabric.Xfer
 	stop := lim.Err()
 	if more && stop == nil {
-		next = m.newXfer(o.b)
-		next.local = x.local
-		next.local.hold() // before x lets go of it
+		st := x.Local().(*bufState)
+		st.hold() // before x lets go of it
+		next = o.b.NewXfer(st)
 	}
-	x.release()
+	x.Release()
 	o.x, o.submitted = nil, false
 	switch {
 	case !more:
 		return nil
 	case stop != nil:
-		return lim.Timeout(o.op, string(o.b.provider), peer, o.remote.n, o.sent, o.b.chunk, stop)
+		return lim.Timeout(o.op, string(o.b.Provider), peer, o.remote.n, o.sent, o.b.Chunk, stop)
 	}
 	if err := m.fill(next, o, start, lim.Deadline); err != nil {
-		next.release()
+		next.Release()
 		return err
 	}
-	if err := next.submit(); err != nil {
-		next.release()
-		return fmt.Errorf("%s over %s: %w", o.op, o.b.provider, ErrClosed)
+	if err := next.Submit(); err != nil {
+		next.Release()
+		return fmt.Errorf("%s over %s: %w", o.op, o.b.Provider, ErrClosed)
 	}
 	o.x, o.submitted = next, true
 	return nil
@@ -432,11 +432,11 @@ func releaseOps(ops []opSpec) {
 	for i := range ops {
 		o := &ops[i]
 		if o.local.st != nil {
-			o.local.st.unref()
+			o.local.st.Unref()
 			o.local.st = nil
 		}
 		if o.target != nil {
-			o.target.unref()
+			o.target.Unref()
 			o.target = nil
 		}
 	}

@@ -25,4 +25,10 @@ var (
 	// Wedged: an endpoint stuck inside a libfabric call that does not
 	// return; nothing more can be done on it.
 	Wedged = errors.New("endpoint wedged")
+	// Blocked: an shm endpoint that can complete no more ops, because
+	// ops to a peer that died are still in flight on it.
+	Blocked = errors.New("endpoint blocked")
+	// BadHandle: a handle that does not decode, or names an address no
+	// provider could take.
+	BadHandle = errors.New("invalid buffer handle")
 )

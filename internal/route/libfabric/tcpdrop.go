@@ -1,4 +1,4 @@
-package transport
+package libfabric
 
 import (
 	"context"
@@ -23,8 +23,8 @@ import (
 // posted again, while its owner is alive, until rxm has a new connection.
 // Reads and writes of the same bytes to the same place are idempotent.
 
-// connDrop is the last dropped connection fitransfer saw to one tcp peer.
-type connDrop struct {
+// drop is the last dropped connection fitransfer saw to one tcp peer.
+type drop struct {
 	at      atomic.Int64 // UnixNano when a drop was seen; 0: none
 	healthy atomic.Int64 // UnixNano of the first success to the peer after it
 }
@@ -47,7 +47,7 @@ var staleConnWindow = func() time.Duration {
 }()
 
 // ok records a success to the peer: the connection works again.
-func (d *connDrop) ok(now int64) {
+func (d *drop) ok(now int64) {
 	if at := d.at.Load(); at != 0 && d.healthy.Load() <= at {
 		d.healthy.Store(now)
 	}
@@ -55,7 +55,7 @@ func (d *connDrop) ok(now int64) {
 
 // saw records a drop seen at now, unless it belongs to the drop already
 // recorded (one within the window and not yet followed by a success).
-func (d *connDrop) saw(now int64) {
+func (d *drop) saw(now int64) {
 	at := d.at.Load()
 	if at != 0 && now-at < int64(staleConnWindow) && d.healthy.Load() <= at {
 		return
@@ -67,7 +67,7 @@ func (d *connDrop) saw(now int64) {
 // now may have met the connection the last drop left dead: it started
 // after the drop, before any success since, within the window. An attempt
 // that started earlier may have been the rejected op itself.
-func (d *connDrop) victim(start, now int64) bool {
+func (d *drop) victim(start, now int64) bool {
 	at := d.at.Load()
 	if at == 0 || start <= at || now-at >= int64(staleConnWindow) {
 		return false
@@ -101,27 +101,29 @@ func connLost(errs []error, deadSocketOnly bool) bool {
 	return true
 }
 
-// redoAfterDrop posts o's job again while it failed only because it met
+// RedoAfterDrop posts x's job again while it failed only because it met
 // a tcp connection that the owner had dropped after rejecting an earlier
 // op, and the owner still listens (ownerLiveness, asked once, before the
-// first retry). It reports whether the job's final failure is such a
-// victim, and returns a *WedgedError from Wait. It costs nothing to a job
-// that succeeded or failed otherwise.
-func (m *Manager) redoAfterDrop(ctx context.Context, o *opSpec, start, deadline time.Time) (bool, error) {
-	d := o.x.probe.drop
+// first retry): resubmit builds the same part of the op in a new Xfer and
+// submits it, and RedoAfterDrop releases the one it replaces. It returns
+// the Xfer whose job ended last, whether its failure is such a victim,
+// and a *WedgedError from Wait. It costs nothing to a job that succeeded
+// or failed otherwise.
+func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time.Time, resubmit func(old *Xfer) (*Xfer, error)) (*Xfer, bool, error) {
+	d := x.probe.drop
 	if d == nil {
-		return false, nil
+		return x, false, nil
 	}
 	attempt, tries := start.UnixNano(), 0
 	for {
-		j := o.x.job
+		j := x.job
 		now := time.Now().UnixNano()
 		if len(j.Errs) == 0 {
 			d.ok(now)
-			return false, nil
+			return x, false, nil
 		}
 		if !connLost(j.Errs, false) {
-			return false, nil // other errors: they explain it
+			return x, false, nil // other errors: they explain it
 		}
 		// A retry that fails otherwise than on the dead socket reached a
 		// live connection and lost it: its own key was rejected, most
@@ -129,55 +131,31 @@ func (m *Manager) redoAfterDrop(ctx context.Context, o *opSpec, start, deadline 
 		onDead := connLost(j.Errs, true)
 		if tries > 0 && !onDead || !d.victim(attempt, now) {
 			d.saw(now)
-			return tries > 0 && onDead, nil
+			return x, tries > 0 && onDead, nil
 		}
 		if tries == 0 {
 			// The connection was lost at the drop: a dial aliveRecheck
-			// after it, as here after a rejection that tcpExplain has
+			// after it, as here after a rejection that Explain has
 			// explained, need not wait.
-			addr := sockaddrHostPort(o.ep.name)
+			addr := SockaddrHostPort(x.probe.name)
 			if addr == "" || ownerLiveness(addr, time.Unix(0, d.at.Load())) != ownerListens {
-				return false, nil // the owner is gone, or cannot be asked: tcpExplain says so
+				return x, false, nil // the owner is gone, or cannot be asked: Explain says so
 			}
 		}
 		if time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
-			return true, nil
+			return x, true, nil
 		}
 		attempt, tries = time.Now().UnixNano(), tries+1
-		nx, err := m.resubmit(o, start, deadline)
+		nx, err := resubmit(x)
 		if err != nil {
-			return true, nil // closing: the failure stands
+			return x, true, nil // closing: the failure stands
 		}
-		old := o.x
-		o.x = nx
-		old.release()
-		if err := o.b.loop.Wait(ctx, nx.job); err != nil {
-			return true, err
+		x.Release()
+		x = nx
+		if err := r.loop.Wait(ctx, nx.job); err != nil {
+			return x, true, err
 		}
 	}
-}
-
-// resubmit builds the part of o that its finished job o.x covered again,
-// in a new xfer holding o's local buffer once more, and submits it. It
-// fails when the manager or the loop is closing.
-func (m *Manager) resubmit(o *opSpec, start, deadline time.Time) (*xfer, error) {
-	if err := m.acquire(); err != nil {
-		return nil, err
-	}
-	defer m.releaseManager()
-	nx := m.newXfer(o.b)
-	nx.local = o.x.local
-	nx.local.hold()           // o.x holds it until it is released: as nextPart's next part
-	o.sent -= o.x.job.Bytes() // fill starts where the finished job started
-	if err := m.fill(nx, o, start, deadline); err != nil {
-		nx.release()
-		return nil, err
-	}
-	if err := nx.submit(); err != nil {
-		nx.release()
-		return nil, err
-	}
-	return nx, nil
 }
 
 // sleepCtx sleeps for d, or less when ctx ends: false then.

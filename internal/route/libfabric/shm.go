@@ -1,16 +1,13 @@
-package transport
+package libfabric
 
 import (
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 )
 
 // Writes over shm and the completion level.
@@ -44,9 +41,9 @@ func shmSingleCopyAllowed() bool {
 	return cmaSetting.ok
 }
 
-// shmPeerPID is the process id in an shm endpoint name
+// ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.
-func shmPeerPID(name []byte) int {
+func ShmPeerPID(name []byte) int {
 	s := strings.TrimRight(string(name), "\x00")
 	rest, ok := strings.CutPrefix(s, "fi_shm://")
 	if !ok {
@@ -60,29 +57,18 @@ func shmPeerPID(name []byte) int {
 	return pid
 }
 
-// cmaReaches reports whether process_vm_readv can read addr in process
-// pid: one byte, into a local byte.
-func cmaReaches(pid int, addr uint64) bool {
-	if pid == os.Getpid() {
-		return true
-	}
-	var b [1]byte
-	n, err := unix.ProcessVMReadv(pid,
-		[]unix.Iovec{{Base: &b[0], Len: 1}},
-		[]unix.RemoteIovec{{Base: uintptr(addr), Len: 1}}, 0)
-	return err == nil && n == 1
-}
-
-// writeFlags is the completion flag for a write over b; peer is the
-// verified owner on shm: see the comment at the top of this file.
-func (m *Manager) writeFlags(b *backend, peer *sameNodePeer) uint64 {
+// WriteFlags is the completion flag of a write: FI_TRANSMIT_COMPLETE when
+// the manager asked for it (transmitComplete), or on shm when the owner
+// was verified (verified) and process_vm_readv reaches it (reaches: shm's
+// single copy then lands the bytes before it completes, see above);
+// FI_DELIVERY_COMPLETE otherwise.
+func (r *Route) WriteFlags(transmitComplete, verified, reaches bool) uint64 {
 	switch {
-	case m.cfg.transmitComplete:
+	case transmitComplete:
 		return uint64(ofi.OpTransmitComplete)
-	case b.provider != fabric.BackendSHM || peer == nil || !shmSingleCopyAllowed():
+	case r.Provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
 		return uint64(ofi.OpDeliveryComplete)
-	}
-	if m.reach.Reaches(peer.pid, peer.cma.table) {
+	case reaches:
 		return uint64(ofi.OpTransmitComplete)
 	}
 	return uint64(ofi.OpDeliveryComplete)

@@ -1,4 +1,4 @@
-package transport
+package libfabric
 
 import (
 	"encoding/binary"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
@@ -27,7 +28,7 @@ import (
 
 const stallProbeAfter = time.Second
 
-// probe states, in the low bits of tcpProbe.state; the bits above are
+// probe states, in the low bits of probe.state; the bits above are
 // the probe's generation, so that a dial still running when its job ended
 // cannot touch the job the xfer is reused for.
 const (
@@ -38,25 +39,25 @@ const (
 	probeStateMask = 1<<probeStateBits - 1
 )
 
-// tcpProbe is the stall watch of one tcp job (in its xfer).
-type tcpProbe struct {
+// probe is the stall watch of one tcp job (in its Xfer).
+type probe struct {
 	name      []byte // the peer endpoint's raw sockaddr; nil when not tcp
 	addr      string // its "host:port", worked out at the first probe
 	completed int
 	since     atomic.Int64  // UnixNano of the last progress or probe
 	state     atomic.Uint64 // generation<<probeStateBits | state
-	drop      *connDrop     // the peer's last dropped connection (tcpdrop.go)
+	drop      *drop         // the peer's last dropped connection (tcpdrop.go)
 }
 
-func (p *tcpProbe) reset(name []byte, drop *connDrop) {
+func (p *probe) reset(name []byte, drop *drop) {
 	p.name, p.addr, p.completed, p.drop = name, "", 0, drop
 	p.since.Store(time.Now().UnixNano())
 	gen := p.state.Load()>>probeStateBits + 1
 	p.state.Store(gen<<probeStateBits | probeIdle)
 }
 
-// sockaddrHostPort is "host:port" of a raw sockaddr_in/in6, or "".
-func sockaddrHostPort(b []byte) string {
+// SockaddrHostPort is "host:port" of a raw sockaddr_in/in6, or "".
+func SockaddrHostPort(b []byte) string {
 	if len(b) < 8 {
 		return ""
 	}
@@ -74,7 +75,7 @@ func sockaddrHostPort(b []byte) string {
 
 // tcpPeerAlive is the Check of tcp jobs.
 func tcpPeerAlive(j *progress.Job) error {
-	x := j.Tag.(*xfer)
+	x := j.Tag.(*Xfer)
 	p := &x.probe
 	if len(p.name) == 0 {
 		return nil
@@ -93,7 +94,7 @@ func tcpPeerAlive(j *progress.Job) error {
 			return nil
 		}
 		if p.addr == "" {
-			if p.addr = sockaddrHostPort(p.name); p.addr == "" {
+			if p.addr = SockaddrHostPort(p.name); p.addr == "" {
 				p.name = nil // not an address this probe can dial
 				return nil
 			}
@@ -118,7 +119,7 @@ func tcpPeerAlive(j *progress.Job) error {
 	return nil
 }
 
-// tcpExplain classifies a tcp job that failed only with the loss of its
+// Explain classifies a tcp job that failed only with the loss of its
 // connection (connLost), which does not say itself whether the peer is
 // gone. tcp;ofi_rxm flushes the ops in flight on a connection that was
 // shut down with FI_ECANCELED: the owner died, or it refused an op (its
@@ -139,14 +140,14 @@ func tcpPeerAlive(j *progress.Job) error {
 //
 // When the owner listens, the chunk errors' hints name the rejection
 // instead of an exited peer; when victim (the job met the connection an
-// earlier rejection dropped, and redoAfterDrop posted it again until
+// earlier rejection dropped, and RedoAfterDrop posted it again until
 // staleConnWindow ran out), the earlier op. It returns nil when the errors
 // say enough already, or the owner cannot be reached to ask.
-func tcpExplain(j *progress.Job, name []byte, victim bool) error {
+func Explain(j *progress.Job, name []byte, victim bool) error {
 	if !connLost(j.Errs, false) {
 		return nil // a timeout, the stall probe's verdict, other errors: they explain it
 	}
-	addr := sockaddrHostPort(name)
+	addr := SockaddrHostPort(name)
 	if addr == "" {
 		return nil
 	}
@@ -172,7 +173,7 @@ func tcpExplain(j *progress.Job, name []byte, victim bool) error {
 		return nil
 	}
 	return fmt.Errorf("%w: the owner at %s still listens but refused the op: its key, range or access check failed "+
-		"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", ErrStaleHandle, addr)
+		"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", errclass.StaleHandle, addr)
 }
 
 // liveness is what dialing a tcp owner's endpoint tells.

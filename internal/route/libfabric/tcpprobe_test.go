@@ -1,9 +1,10 @@
-package transport
+package libfabric
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"net"
 	"syscall"
 	"testing"
@@ -28,8 +29,8 @@ func sockaddrIn(t *testing.T, addr *net.TCPAddr) []byte {
 
 // TestTCPExplain: a tcp job that failed with cancellations and lost
 // connections only is explained by one dial of the peer's endpoint:
-// nothing listens (ErrPeerGone), the owner listens and shut the
-// connection down under a cancelled op (it refused it: ErrStaleHandle,
+// nothing listens (errclass.PeerGone), the owner listens and shut the
+// connection down under a cancelled op (it refused it: errclass.StaleHandle,
 // whatever leftover errno prov_errno holds), or the owner listens and
 // the op was posted to a connection already lost (no explanation:
 // transient).
@@ -58,14 +59,14 @@ func TestTCPExplain(t *testing.T) {
 		want   error  // nil: no explanation
 		hint   string // the chunk errors' hint afterwards ("": unchanged)
 	}{
-		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, ErrPeerGone, ""},
-		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, ErrStaleHandle, rejected},
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, errclass.PeerGone, ""},
+		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, errclass.StaleHandle, rejected},
 		// rxm's prov_errno is a leftover errno: ENOTCONN there does not
 		// mean the owner exited.
-		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, ErrPeerGone, ""},
-		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, ErrStaleHandle, rejected},
-		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, ErrStaleHandle, rejected},
-		{"not connected, nothing listens", []error{notConn()}, deadName, false, ErrPeerGone, ""},
+		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, errclass.PeerGone, ""},
+		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, errclass.StaleHandle, rejected},
+		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, errclass.StaleHandle, rejected},
+		{"not connected, nothing listens", []error{notConn()}, deadName, false, errclass.PeerGone, ""},
 		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected},
 		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore},
 		{"not only cancellations", []error{canceled(2), &progress.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
@@ -75,7 +76,7 @@ func TestTCPExplain(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &progress.Job{Op: progress.Read, PeerName: "peer-x", Errs: tt.errs}
-			err := tcpExplain(j, tt.peer, tt.victim)
+			err := Explain(j, tt.peer, tt.victim)
 			for _, e := range tt.errs {
 				var ce *progress.Error
 				if !errors.As(e, &ce) {
@@ -93,12 +94,12 @@ func TestTCPExplain(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, tt.want)
-			for _, other := range []error{ErrPeerGone, ErrStaleHandle} {
+			for _, other := range []error{errclass.PeerGone, errclass.StaleHandle} {
 				if other != tt.want {
 					assert.NotErrorIs(t, err, other)
 				}
 			}
-			if tt.want == ErrPeerGone {
+			if tt.want == errclass.PeerGone {
 				var gone *progress.PeerGoneError
 				require.ErrorAs(t, err, &gone)
 				assert.Contains(t, err.Error(), "peer-x")
@@ -165,7 +166,7 @@ func TestOwnerLiveness(t *testing.T) {
 // TestConnDrop: which failures count as victims of an earlier drop.
 func TestConnDrop(t *testing.T) {
 	const ms = int64(time.Millisecond)
-	var d connDrop
+	var d drop
 	assert.False(t, d.victim(5*ms, 6*ms), "no drop seen")
 	d.saw(10 * ms)
 	assert.False(t, d.victim(9*ms, 11*ms), "started before the drop: maybe the rejected op")

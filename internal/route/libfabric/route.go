@@ -1,0 +1,340 @@
+// Package libfabric is the route over a libfabric endpoint: shm,
+// tcp;ofi_rxm, efa — one implementation, the provider is data. A Route is
+// one open endpoint, its progress loop (package progress), the peers in
+// its address vector, and the workarounds its providers need: shm's
+// dead-peer bookkeeping and write flags, the tcp liveness probe, the
+// scratch memory shm handle checks read into.
+//
+// The transport cuts requests into chunks and hands them to a Route as
+// Xfers (one job of chunks toward one peer); the Route posts them and
+// reports how they ended.
+package libfabric
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/fitransfer/fitransfer/endpoint"
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// MaxNameLen bounds an endpoint name from a peer (the handle format's
+// limit, docs/handle.md).
+const MaxNameLen = 1024
+
+// Route is one open libfabric endpoint of a manager and its progress
+// loop.
+type Route struct {
+	Index    int            // its index among the manager's routes: MRs are kept per index
+	Provider fabric.Backend // "shm", "tcp;ofi_rxm", "efa", "efa-direct"
+	Info     fabric.Info
+	Reason   string // why it was chosen
+	Role     string // "same node", "remote", or "forced"
+	VirtAddr bool   // remote addresses are virtual addresses (FI_MR_VIRT_ADDR)
+	Chunk    uint64 // largest op
+	// Scratch is where shm handle checks land; nil on other providers
+	// and before RegisterScratch.
+	Scratch *Scratch
+	// Retired: its endpoint is stuck inside libfabric and another took
+	// its place; nothing uses it any more.
+	Retired atomic.Bool
+
+	loop *progress.Loop
+	name []byte // endpoint name, immutable
+
+	mu    sync.Mutex
+	peers map[string]*Peer // endpoint name → address
+	added map[string]int   // AddPeer calls not yet undone, per name
+
+	// shm: ops still in flight to peers that died (see Blocked).
+	deadOps   atomic.Int32
+	deadSince atomic.Int64 // unix nanoseconds of the first
+	deadPeer  atomic.Pointer[string]
+}
+
+// Open opens an endpoint for info and starts its progress loop. chunkCap,
+// when not 0, lowers the largest op below the provider's.
+func Open(index int, info *fabric.Info, reason, role string, policy progress.PollPolicy, log zerolog.Logger, chunkCap uint64) (*Route, error) {
+	ep, err := endpoint.Open(info)
+	if err != nil {
+		return nil, err
+	}
+	chunk := ep.MaxRMA()
+	if chunkCap > 0 && chunkCap < chunk {
+		chunk = chunkCap
+	}
+	return &Route{
+		Index: index, Provider: fabric.Backend(Name(ep.Info())), Info: *ep.Info(), Reason: reason, Role: role,
+		loop: progress.Start(ep, policy, log), name: append([]byte(nil), ep.Name()...), VirtAddr: ep.VirtAddr(),
+		Chunk: chunk, peers: map[string]*Peer{},
+	}, nil
+}
+
+// Name names a route in handles: the provider, except that efa's
+// efa-direct fabric (not interoperable with efa's RDM protocol) is
+// "efa-direct".
+func Name(in *fabric.Info) string {
+	if in.Fabric.ProvName == "efa" && in.Fabric.Name == "efa-direct" {
+		return string(fabric.BackendEFADirect)
+	}
+	return in.Fabric.ProvName
+}
+
+// Kind is route.Fabric.
+func (r *Route) Kind() route.Kind { return route.Fabric }
+
+// Name is the provider.
+func (r *Route) Name() string { return string(r.Provider) }
+
+// EndpointName is this endpoint's address, for peers to insert.
+func (r *Route) EndpointName() []byte { return r.name }
+
+// Address is the endpoint's address, printable.
+func (r *Route) Address() string { return r.Addr(r.name) }
+
+// Addr prints an endpoint name of this route's address format.
+func (r *Route) Addr(name []byte) string {
+	return ofi.Addr{Format: r.Info.AddrFormat, Bytes: name}.String()
+}
+
+// Wedged is a *progress.WedgedError while a libfabric call on the
+// endpoint has not returned for the policy's WedgeAfter.
+func (r *Route) Wedged() error { return r.loop.Wedged() }
+
+// Poll progresses the endpoint once, unless another goroutine is.
+func (r *Route) Poll() { r.loop.Poll() }
+
+// Do runs fn with the endpoint to itself (memory registration and
+// deregistration go there).
+func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
+
+// Register registers reg on the endpoint's domain.
+func (r *Route) Register(reg mr.Region) (*ofi.MR, error) {
+	var m *ofi.MR
+	var err error
+	if derr := r.loop.Do(func() { m, err = mr.Register(r.loop.Endpoint().Target(), reg) }); derr != nil {
+		return nil, derr
+	}
+	return m, err
+}
+
+// Close fails the route's unfinished jobs, runs beforeEndpointClose with
+// the endpoint to itself (MRs must close before their endpoint), closes
+// the endpoint and stops the loop. It returns the *progress.WedgedError
+// of an endpoint stuck inside libfabric, which it leaves behind.
+func (r *Route) Close(beforeEndpointClose func()) error {
+	return r.loop.Close(func() {
+		if beforeEndpointClose != nil {
+			beforeEndpointClose()
+		}
+		if r.Scratch != nil {
+			r.Scratch.closeMRs()
+		}
+	})
+}
+
+// Stopped reports whether the loop stopped (and so the endpoint is
+// closed): false after Close of a wedged endpoint.
+func (r *Route) Stopped() bool { return r.loop.Stopped() }
+
+// FreeScratch frees the scratch memory once the loop stopped.
+func (r *Route) FreeScratch() {
+	if r.Scratch != nil && r.loop.Stopped() {
+		_ = mr.Free(r.Scratch.mem)
+	}
+}
+
+// Wait waits for x's job: when it returns nil, the job finished (its
+// Errs say how); a *progress.WedgedError leaves the job to the loop.
+func (r *Route) Wait(ctx context.Context, x *Xfer) error { return r.loop.Wait(ctx, x.job) }
+
+// CheckName refuses an endpoint name a provider would misread: libfabric
+// takes a name by its pointer alone and reads as many bytes as its
+// address format implies.
+func (r *Route) CheckName(name []byte) error {
+	want := len(r.name) // the format's size: this endpoint's own name
+	switch r.Info.AddrFormat {
+	case ofi.AddrSockaddrIn:
+		want = 16
+	case ofi.AddrSockaddrIn6:
+		want = 28
+	case ofi.AddrSockaddr:
+		want = 16
+		if len(name) >= 2 && binary.LittleEndian.Uint16(name) == syscall.AF_INET6 {
+			want = 28
+		}
+	}
+	if r.Provider == fabric.BackendSHM {
+		want = len(name) // shm names come from a verified owner (the transport's same-node check)
+	}
+	if len(name) != want || len(name) > MaxNameLen {
+		return fmt.Errorf("%w: a %s endpoint address of %d bytes (%v takes %d)", errclass.BadHandle, r.Provider, len(name), r.Info.AddrFormat, want)
+	}
+	return nil
+}
+
+// Peer is a peer endpoint in the address vector.
+type Peer struct {
+	addr uint64 // fi_addr_t
+	raw  []byte // its endpoint name
+	name string // printable
+	drop *drop  // tcp: its last dropped connection
+	uses atomic.Int32
+}
+
+// Name is the peer's address, printable.
+func (p *Peer) Name() string { return p.name }
+
+// Done ends a use of p (see Route.Peer).
+func (p *Peer) Done() { p.uses.Add(-1) }
+
+// Peer returns a peer endpoint, inserting it into the address vector (on
+// the loop goroutine) the first time. It counts a use of it: the caller
+// hands it back with Done, or an Xfer that took it does when idle.
+func (r *Route) Peer(name []byte) (*Peer, error) {
+	r.mu.Lock()
+	p := r.peers[string(name)]
+	if p != nil {
+		p.uses.Add(1)
+	}
+	r.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	if err := r.CheckName(name); err != nil {
+		return nil, err
+	}
+	var err error
+	if derr := r.loop.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if p = r.peers[string(name)]; p != nil {
+			p.uses.Add(1)
+			return
+		}
+		var addr uint64
+		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
+			return
+		}
+		raw := append([]byte(nil), name...)
+		p = &Peer{addr: addr, raw: raw, name: r.Addr(raw), drop: new(drop)}
+		p.uses.Add(1)
+		r.peers[string(name)] = p
+	}); derr != nil {
+		return nil, derr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Forget removes a peer from the address vector (which releases what the
+// provider holds for it: shm's mapping of its region, rxm's connection),
+// unless an Xfer holds its address: an op posted to a removed address
+// crashes libfabric. Insertion and removal both happen inside the loop's
+// Do, so a peer found in the map is always inserted.
+func (r *Route) Forget(name []byte) {
+	_ = r.loop.Do(func() {
+		r.mu.Lock()
+		p := r.peers[string(name)]
+		if p == nil || p.uses.Load() > 0 {
+			r.mu.Unlock()
+			return
+		}
+		delete(r.peers, string(name))
+		r.mu.Unlock()
+		r.loop.Endpoint().ForgetPeer(name)
+	})
+}
+
+// Add records one AddPeer of name, after Peer inserted it.
+func (r *Route) Add(name []byte) {
+	r.mu.Lock()
+	if r.added == nil {
+		r.added = map[string]int{}
+	}
+	r.added[string(name)]++
+	r.mu.Unlock()
+}
+
+// Unadd undoes one Add of name; the last one forgets the peer. A name
+// never added is left alone: it may be another session's peer.
+func (r *Route) Unadd(name []byte) {
+	r.mu.Lock()
+	n, ok := r.added[string(name)]
+	if ok && n > 1 {
+		r.added[string(name)] = n - 1
+	} else {
+		delete(r.added, string(name))
+	}
+	r.mu.Unlock()
+	if ok && n == 1 {
+		r.Forget(name)
+	}
+}
+
+// blockedGrace is how long ops to a dead shm peer may stay in flight
+// before the endpoint counts as blocked: completions already written
+// but not yet read drain well within it.
+const blockedGrace = 200 * time.Millisecond
+
+// abandonDead records ops left in flight to an shm peer that died.
+func (r *Route) abandonDead(peer string) {
+	if r.deadOps.Add(1) == 1 {
+		r.deadPeer.Store(&peer)
+		r.deadSince.Store(time.Now().UnixNano())
+	}
+}
+
+// Blocked returns an error wrapping errclass.Blocked when ops to a dead
+// peer have stayed in flight past blockedGrace. libfabric's shm takes an
+// endpoint's completions from one queue in order (smr_progress_resp,
+// prov/shm/src/smr_progress.c, v1.17.0 and v2.1.0): an op whose target
+// died is never answered, and no later op on the endpoint completes
+// either, whatever its peer. Failing at once beats a timeout per op.
+func (r *Route) Blocked() error {
+	if r.deadOps.Load() == 0 {
+		return nil
+	}
+	since := time.Duration(time.Now().UnixNano() - r.deadSince.Load())
+	if since < blockedGrace {
+		return nil
+	}
+	peer := "a peer"
+	if p := r.deadPeer.Load(); p != nil {
+		peer = *p
+	}
+	return fmt.Errorf("%w: the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
+		"and shm completes an endpoint's ops in order, so later ops would wait forever; "+
+		"close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
+		errclass.Blocked, r.Provider, peer, since.Round(time.Millisecond))
+}
+
+// BlockedOrGone is Blocked for an op toward the shm endpoint name, except
+// that when that peer itself is gone the op fails as ErrPeerGone: toward a
+// dead peer, the dead peer is the cause. The liveness check runs only on
+// this rare path, not for every op.
+func (r *Route) BlockedOrGone(op progress.Op, name []byte) error {
+	err := r.Blocked()
+	if err == nil {
+		return nil
+	}
+	if gone, why := proc.Gone(ShmPeerPID(name)); gone {
+		return &progress.PeerGoneError{Op: op, Provider: string(r.Provider), Peer: r.Addr(name), Cause: why}
+	}
+	return err
+}

@@ -1,0 +1,153 @@
+package libfabric
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// Holder is the local buffer an Xfer's chunks use: the Xfer gives its
+// reference back (Unref) when its last op is done, and says when its ops
+// may never complete (AddStuck), so that the buffer's Close need not wait
+// for them.
+type Holder interface {
+	Unref()
+	AddStuck(delta int)
+}
+
+// Xfer is a job in flight on a route and what it holds: a reference on
+// its local buffer, the peer address it posts to, and for handle checks
+// scratch slots. Both the waiter and the loop (when no chunk is in flight
+// any more) release it; the last release frees what it holds and
+// recycles it. Until then the memory its chunks target stays registered
+// and mapped.
+type Xfer struct {
+	r       *Route
+	job     *progress.Job
+	refs    atomic.Int32
+	local   Holder
+	scratch []uint32
+	peer    *Peer // the address the job posts to; a use of it until released
+	pid     int   // shm: the peer's process, for peerAlive
+	dead    bool  // shm: abandoned with ops in flight to a dead peer
+	stuck   bool  // shm: ended with ops in flight that may never complete
+	probe   probe // tcp: the stall watch
+}
+
+var xferPool = sync.Pool{New: func() any {
+	x := &Xfer{job: progress.NewJob()}
+	x.job.Tag = x
+	return x
+}}
+
+// NewXfer takes an Xfer for a job on r; it holds local's reference (the
+// caller took it) until released.
+func (r *Route) NewXfer(local Holder) *Xfer {
+	x := xferPool.Get().(*Xfer)
+	x.r, x.local = r, local
+	x.job.OnIdle = xferIdle
+	x.refs.Store(1) // the waiter's; Submit adds the loop's
+	return x
+}
+
+// Job is the Xfer's job: its chunks before Submit, its outcome after.
+func (x *Xfer) Job() *progress.Job { return x.job }
+
+// Local is the buffer the Xfer holds.
+func (x *Xfer) Local() Holder { return x.local }
+
+// Aim points the job at peer p (whose use the Xfer now holds) for an op
+// between start and deadline; pid is the owner's process on shm (0
+// elsewhere). It sets the provider's liveness check.
+func (x *Xfer) Aim(p *Peer, op progress.Op, start, deadline time.Time, pid int) {
+	x.peer = p
+	j := x.job
+	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = op, p.addr, p.name, start, deadline
+	switch x.r.Provider {
+	case fabric.BackendSHM:
+		x.pid, j.Check = pid, peerAlive
+	case fabric.BackendTCP:
+		x.probe.reset(p.raw, p.drop)
+		j.Check = tcpPeerAlive
+	}
+}
+
+// Submit hands the job to the route's loop.
+func (x *Xfer) Submit() error {
+	x.refs.Add(1)
+	if err := x.r.loop.Submit(x.job); err != nil {
+		x.refs.Add(-1)
+		return err
+	}
+	return nil
+}
+
+// xferIdle is the jobs' OnIdle: the loop's release.
+func xferIdle(j *progress.Job) {
+	x := j.Tag.(*Xfer)
+	if x.dead {
+		x.r.deadOps.Add(-1) // its ops completed after all
+	}
+	if x.stuck && x.local != nil {
+		x.local.AddStuck(-1)
+	}
+	x.Release()
+}
+
+// Release is the waiter's release (the loop makes its own).
+func (x *Xfer) Release() {
+	if x.refs.Add(-1) != 0 {
+		return
+	}
+	if x.local != nil {
+		x.local.Unref()
+	}
+	for _, s := range x.scratch {
+		x.r.Scratch.put(s)
+	}
+	if x.peer != nil {
+		x.peer.Done()
+		x.peer = nil
+	}
+	x.r, x.local, x.scratch, x.pid, x.dead, x.stuck = nil, nil, x.scratch[:0], 0, false, false
+	x.probe.name, x.probe.drop = nil, nil
+	x.job.Reset()
+	xferPool.Put(x)
+}
+
+// peerAlive is the Check of shm jobs: an shm peer whose process exited
+// (proc.Gone: a zombie too) never answers, so the job ends as soon as
+// that is known. Ops it leaves in flight may block the endpoint
+// (Blocked), which also ends the jobs waiting behind them.
+func peerAlive(j *progress.Job) error {
+	x := j.Tag.(*Xfer)
+	gone, why := proc.Gone(x.pid)
+	if !gone {
+		err := x.r.Blocked()
+		if err != nil {
+			x.markStuck(j)
+		}
+		return err
+	}
+	if j.InFlight() > 0 && !x.dead {
+		x.dead = true
+		x.r.abandonDead(j.PeerName)
+	}
+	x.markStuck(j)
+	return &progress.PeerGoneError{Op: j.Op, Provider: string(fabric.BackendSHM), Peer: j.PeerName, Cause: why}
+}
+
+// markStuck records, once, that x ends with ops in flight that may never
+// complete (the peer died, or the endpoint is blocked behind such ops):
+// its local buffer's Close need not wait for them.
+func (x *Xfer) markStuck(j *progress.Job) {
+	if x.stuck || j.InFlight() == 0 || x.local == nil {
+		return
+	}
+	x.stuck = true
+	x.local.AddStuck(1)
+}
