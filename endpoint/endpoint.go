@@ -12,7 +12,6 @@ import (
 	"fmt"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -23,9 +22,9 @@ const DefaultDepth = 256
 // Endpoint is one open RDM endpoint and the resources under it.
 type Endpoint struct {
 	info   fabric.Info
-	fabric *ofi.Fabric
-	domain *ofi.Domain
-	ep     *ofi.Endpoint
+	fabric *fabric.Fabric
+	domain *fabric.Domain
+	ep     *fabric.Endpoint
 	depth  int
 	maxRMA uint64
 	peers  map[string]uint64 // endpoint name → fi_addr_t
@@ -66,8 +65,8 @@ func Open(info *fabric.Info) (*Endpoint, error) {
 // FI_OPT_SHARED_MEMORY_PERMITTED false, because fitransfer never sends
 // same-node traffic through efa (it has its own cma and shm paths), so
 // efa's internal shm path would only hold resources (docs/EFA.md §5).
-func options(info *fabric.Info) ofi.EndpointOptions {
-	var o ofi.EndpointOptions
+func options(info *fabric.Info) fabric.EndpointOptions {
+	var o fabric.EndpointOptions
 	if info.Fabric.ProvName == "efa" {
 		no := false
 		o.SharedMemoryPermitted = &no
@@ -77,7 +76,7 @@ func options(info *fabric.Info) ofi.EndpointOptions {
 
 // Options reports what the provider answered to the endpoint options
 // fitransfer set (nil errors for options it did not set).
-func (e *Endpoint) Options() ofi.OptionResults { return e.ep.Options() }
+func (e *Endpoint) Options() fabric.OptionResults { return e.ep.Options() }
 
 func (e *Endpoint) wrap(err error) error {
 	return fmt.Errorf("open %s endpoint (fabric %s, domain %s): %w",
@@ -106,7 +105,7 @@ func (e *Endpoint) MaxRMA() uint64 { return e.maxRMA }
 func (e *Endpoint) VirtAddr() bool { return e.info.Domain.MRMode.Has(fabric.MRVirtAddr) }
 
 // Raw is the ofi endpoint, for the progress loop.
-func (e *Endpoint) Raw() *ofi.Endpoint { return e.ep }
+func (e *Endpoint) Raw() *fabric.Endpoint { return e.ep }
 
 // Peer returns the fi_addr_t of a peer endpoint name, inserting it into
 // the address vector the first time.
@@ -138,7 +137,7 @@ func (e *Endpoint) Target() mr.Target {
 
 // PollEQ returns an asynchronous endpoint error from the event queue, or
 // nil.
-func (e *Endpoint) PollEQ() *ofi.EQError {
+func (e *Endpoint) PollEQ() *fabric.EQError {
 	ev, _ := e.ep.PollEQ()
 	return ev
 }
@@ -150,7 +149,7 @@ func (e *Endpoint) PollEQ() *ofi.EQError {
 // the second, freed, entry (rxm_handle_comp_error, prov/rxm/src/rxm_cq.c,
 // v1.17.0 — seen here, with a link cut mid-read). 2.x does not.
 func (e *Endpoint) UnsafeToCloseInFlight() bool {
-	return e.info.Fabric.ProvName == "tcp;ofi_rxm" && ofi.RuntimeVersion().Major() < 2
+	return e.info.Fabric.ProvName == "tcp;ofi_rxm" && fabric.RuntimeVersion().Major() < 2
 }
 
 // Abandon gives the endpoint up without closing it: it is never called

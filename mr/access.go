@@ -1,9 +1,8 @@
 package mr
 
 import (
+	"github.com/fitransfer/fitransfer/fabric"
 	"strings"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // Access is what peers may do with a registered buffer. The owner's own
@@ -40,12 +39,12 @@ func (a Access) Allows(want Access) bool { return a&want == want }
 // Bits is the fi_mr_attr.access value: local read/write plus the remote
 // rights.
 func (a Access) Bits() uint64 {
-	bits := ofi.AccessRead | ofi.AccessWrite
+	bits := fabric.AccessRead | fabric.AccessWrite
 	if a&RemoteRead != 0 {
-		bits |= ofi.AccessRemoteRead
+		bits |= fabric.AccessRemoteRead
 	}
 	if a&RemoteWrite != 0 {
-		bits |= ofi.AccessRemoteWrite
+		bits |= fabric.AccessRemoteWrite
 	}
 	return bits
 }

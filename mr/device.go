@@ -2,8 +2,7 @@ package mr
 
 import (
 	"fmt"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // Iface is the kind of memory a registration covers (libfabric's enum
@@ -13,9 +12,9 @@ type Iface int
 // Memory kinds.
 const (
 	// Host is ordinary host memory.
-	Host Iface = ofi.HMEMSystem
+	Host Iface = fabric.HMEMSystem
 	// CUDA is NVIDIA GPU memory (cudaMalloc).
-	CUDA Iface = ofi.HMEMCUDA
+	CUDA Iface = fabric.HMEMCUDA
 )
 
 func (i Iface) String() string {

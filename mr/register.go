@@ -3,8 +3,7 @@ package mr
 import (
 	"errors"
 	"fmt"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // Target is where memory is registered: an open domain, the endpoint its
@@ -13,9 +12,9 @@ import (
 // size decide how keys are chosen.
 type Target struct {
 	Provider string // for errors, e.g. "tcp;ofi_rxm"
-	Domain   *ofi.Domain
-	Endpoint *ofi.Endpoint
-	Attr     ofi.DomainAttr
+	Domain   *fabric.Domain
+	Endpoint *fabric.Endpoint
+	Attr     fabric.DomainAttr
 }
 
 // Region is memory to register: n bytes at Addr, host memory off the Go
@@ -42,12 +41,12 @@ const maxKeyTries = 16
 // FI_MR_PROV_KEY the provider picks it. With FI_MR_ENDPOINT the
 // registration is bound to t.Endpoint and enabled, as the provider
 // requires before the key is valid.
-func Register(t Target, r Region) (*ofi.MR, error) {
-	var bind *ofi.Endpoint
-	if t.Attr.MRMode.Has(ofi.MREndpoint) {
+func Register(t Target, r Region) (*fabric.MR, error) {
+	var bind *fabric.Endpoint
+	if t.Attr.MRMode.Has(fabric.MREndpoint) {
 		bind = t.Endpoint
 	}
-	provKey := t.Attr.MRMode.Has(ofi.MRProvKey)
+	provKey := t.Attr.MRMode.Has(fabric.MRProvKey)
 	for try := 0; ; try++ {
 		key := uint64(0)
 		if !provKey {
@@ -57,7 +56,7 @@ func Register(t Target, r Region) (*ofi.MR, error) {
 		if err == nil {
 			return m, nil
 		}
-		if errors.Is(err, ofi.ErrNoKey) && !provKey && try < maxKeyTries {
+		if errors.Is(err, fabric.ErrNoKey) && !provKey && try < maxKeyTries {
 			continue
 		}
 		if r.Iface != Host {
@@ -69,7 +68,7 @@ func Register(t Target, r Region) (*ofi.MR, error) {
 
 // hmemHint explains a failed device memory registration.
 func hmemHint(err error) string {
-	if errors.Is(err, ofi.ErrNoSys) || errors.Is(err, ofi.ErrOpNotSupp) || errors.Is(err, ofi.ErrInval) {
+	if errors.Is(err, fabric.ErrNoSys) || errors.Is(err, fabric.ErrOpNotSupp) || errors.Is(err, fabric.ErrInval) {
 		return "; this libfabric or machine cannot register that device memory (no CUDA runtime or GPU found, or libfabric built without CUDA support)"
 	}
 	return ""

@@ -14,7 +14,6 @@ import (
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // postBatch is how many ops one cgo call posts at most.
@@ -22,8 +21,8 @@ const postBatch = 64
 
 // Chunk is one RMA op of a job: a contiguous piece of the transfer.
 type Chunk struct {
-	Local  uintptr  // local memory address (registered: off the Go heap, or device memory)
-	Desc   ofi.Desc // its fi_mr_desc
+	Local  uintptr     // local memory address (registered: off the Go heap, or device memory)
+	Desc   fabric.Desc // its fi_mr_desc
 	Len    uint64
 	Remote uint64 // remote address (virtual address or offset)
 	Key    uint64 // remote key
@@ -617,8 +616,8 @@ func (l *Loop) post() bool {
 		c := &j.Chunks[j.next]
 		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
-		flags := uint64(ofi.OpCompletion) | j.Flags
-		l.port.set(len(l.batch), &ofi.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
+		flags := uint64(fabric.OpCompletion) | j.Flags
+		l.port.set(len(l.batch), &fabric.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
 			Key: c.Key, Peer: j.Peer, Flags: flags, Slot: slot, Write: j.Op == Write})
 		l.batch = append(l.batch, posting{rec, slot})
 		j.next++
@@ -654,11 +653,11 @@ func (l *Loop) post() bool {
 	for i := 0; i < posted; i++ {
 		l.batch[i].rec.job.Attempted++
 	}
-	if err != nil && !errors.Is(err, ofi.ErrAgain) {
+	if err != nil && !errors.Is(err, fabric.ErrAgain) {
 		// The op at index posted failed for good: fail its chunk.
 		rec := l.batch[posted].rec
 		j := rec.job
-		var errno ofi.Errno
+		var errno fabric.Errno
 		errors.As(err, &errno)
 		j.next = int(rec.chunk) + 1
 		j.Attempted++
@@ -706,7 +705,7 @@ func (l *Loop) handle(slots []uint32, err error) bool {
 	if err == nil {
 		return worked
 	}
-	if !errors.Is(err, ofi.ErrAvail) {
+	if !errors.Is(err, fabric.ErrAvail) {
 		l.log.Error().Err(err).Msg("reading the completion queue failed")
 		return worked
 	}
@@ -723,8 +722,8 @@ func (l *Loop) handle(slots []uint32, err error) bool {
 	}
 }
 
-func (l *Loop) complete(slot uint32, cqe *ofi.CQError) {
-	if slot == ofi.NoSlot || int(slot) >= len(l.slots) || l.slots[slot].job == nil {
+func (l *Loop) complete(slot uint32, cqe *fabric.CQError) {
+	if slot == fabric.NoSlot || int(slot) >= len(l.slots) || l.slots[slot].job == nil {
 		if cqe != nil {
 			l.log.Warn().Int("err", int(cqe.Err)).Int("prov_errno", cqe.ProvErrno).
 				Str("prov_message", cqe.ProvMessage).Msg("error completion without an op")
@@ -850,7 +849,7 @@ func (l *Loop) settle(j *Job) {
 	}
 }
 
-func (l *Loop) chunkError(j *Job, chunk int, errno ofi.Errno, provErrno int, msg string, posting bool) error {
+func (l *Loop) chunkError(j *Job, chunk int, errno fabric.Errno, provErrno int, msg string, posting bool) error {
 	c := &j.Chunks[chunk]
 	prov := l.port.provider()
 	return &Error{

@@ -3,6 +3,7 @@ package progress
 import (
 	"context"
 	"errors"
+	"github.com/fitransfer/fitransfer/fabric"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -14,8 +15,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // fakePort is a queue without libfabric: posted ops wait in pending until
@@ -24,13 +23,13 @@ import (
 type fakePort struct {
 	mu       sync.Mutex
 	pending  []uint32 // slots posted and not completed, in post order
-	ops      map[uint32]ofi.Op
-	batch    []ofi.Op // set by the loop, posted by post
-	offered  []int    // n of every post call
-	done     []uint32 // completions to hand out at the next reap
-	errs     []ofi.CQError
+	ops      map[uint32]fabric.Op
+	batch    []fabric.Op // set by the loop, posted by post
+	offered  []int       // n of every post call
+	done     []uint32    // completions to hand out at the next reap
+	errs     []fabric.CQError
 	accept   int // ops one post takes at most; 0: all
-	failNext ofi.Errno
+	failNext fabric.Errno
 	auto     bool // every pending op completes at the next reap
 	rng      *rand.Rand
 	gate     chan struct{} // when set, post blocks until it is closed
@@ -40,12 +39,12 @@ type fakePort struct {
 }
 
 func newFakePort() *fakePort {
-	return &fakePort{ops: map[uint32]ofi.Op{}, batch: make([]ofi.Op, postBatch)}
+	return &fakePort{ops: map[uint32]fabric.Op{}, batch: make([]fabric.Op, postBatch)}
 }
 
 func (f *fakePort) provider() string { return "fake" }
 
-func (f *fakePort) set(i int, op *ofi.Op) {
+func (f *fakePort) set(i int, op *fabric.Op) {
 	f.mu.Lock()
 	f.batch[i] = *op
 	f.mu.Unlock()
@@ -79,11 +78,11 @@ func (f *fakePort) post(n int) (int, error) {
 	f.posted.Add(int64(k))
 	switch {
 	case f.failNext != 0:
-		err := &ofi.CallError{Call: "fi_readmsg/fi_writemsg", Errno: f.failNext}
+		err := &fabric.CallError{Call: "fi_readmsg/fi_writemsg", Errno: f.failNext}
 		f.failNext = 0
 		return k, err
 	case k < n:
-		return k, &ofi.CallError{Call: "fi_readmsg/fi_writemsg", Errno: ofi.ErrAgain}
+		return k, &fabric.CallError{Call: "fi_readmsg/fi_writemsg", Errno: fabric.ErrAgain}
 	}
 	return k, nil
 }
@@ -107,16 +106,16 @@ func (f *fakePort) reap() ([]uint32, error) {
 		delete(f.ops, s)
 	}
 	if len(f.errs) > 0 {
-		return out, &ofi.CallError{Call: "fi_cq_read", Errno: ofi.ErrAvail}
+		return out, &fabric.CallError{Call: "fi_cq_read", Errno: fabric.ErrAvail}
 	}
 	return out, nil
 }
 
-func (f *fakePort) readErr() (ofi.CQError, bool, error) {
+func (f *fakePort) readErr() (fabric.CQError, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.errs) == 0 {
-		return ofi.CQError{}, false, nil
+		return fabric.CQError{}, false, nil
 	}
 	e := f.errs[0]
 	f.errs = f.errs[1:]
@@ -127,7 +126,7 @@ func (f *fakePort) readErr() (ofi.CQError, bool, error) {
 func (f *fakePort) waitable() bool                { return false }
 func (f *fakePort) wait(int) ([]uint32, error)    { return f.reap() }
 func (f *fakePort) signal()                       {}
-func (f *fakePort) pollEQ() *ofi.EQError          { return nil }
+func (f *fakePort) pollEQ() *fabric.EQError       { return nil }
 func (f *fakePort) unsafeToCloseInFlight() bool   { return false }
 func (f *fakePort) abandon()                      {}
 func (f *fakePort) close()                        { f.mu.Lock(); f.closed = true; f.mu.Unlock() }
@@ -145,12 +144,12 @@ func (f *fakePort) complete(n int) {
 }
 
 // fail turns the first pending op into an error completion.
-func (f *fakePort) fail(errno ofi.Errno) {
+func (f *fakePort) fail(errno fabric.Errno) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.pending[0]
 	f.pending = f.pending[1:]
-	f.errs = append(f.errs, ofi.CQError{Err: errno, Slot: s, ProvMessage: "injected"})
+	f.errs = append(f.errs, fabric.CQError{Err: errno, Slot: s, ProvMessage: "injected"})
 }
 
 func (f *fakePort) inFlight() int {
@@ -244,7 +243,7 @@ func TestLoopPostsAgainAfterEAGAIN(t *testing.T) {
 
 func TestLoopPostFailureFailsTheChunk(t *testing.T) {
 	l, f := testLoop(t, 16, false)
-	f.failNext = ofi.ErrInval
+	f.failNext = fabric.ErrInval
 	f.setAuto(true, nil)
 	j := job(4, nil)
 	require.NoError(t, l.Submit(j))
@@ -256,7 +255,7 @@ func TestLoopPostFailureFailsTheChunk(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, j.Errs[0], &ce)
 	assert.True(t, ce.Posting)
-	assert.ErrorIs(t, j.Errs[0], ofi.ErrInval)
+	assert.ErrorIs(t, j.Errs[0], fabric.ErrInval)
 	checkFinished(t, j)
 }
 
@@ -368,7 +367,7 @@ func TestLoopErrorCompletion(t *testing.T) {
 	j := job(3, nil)
 	require.NoError(t, l.Submit(j))
 	step(l)
-	f.fail(ofi.ErrKeyRejected)
+	f.fail(fabric.ErrKeyRejected)
 	f.complete(-1)
 	for i := 0; i < 10 && !j.finished; i++ {
 		step(l)
@@ -377,7 +376,7 @@ func TestLoopErrorCompletion(t *testing.T) {
 	require.Len(t, j.Errs, 1)
 	var ce *Error
 	require.ErrorAs(t, j.Errs[0], &ce)
-	assert.Equal(t, ofi.ErrKeyRejected, ce.Errno)
+	assert.Equal(t, fabric.ErrKeyRejected, ce.Errno)
 	assert.Equal(t, "injected", ce.ProvMessage)
 	assert.Equal(t, 2, j.Completed)
 }
@@ -392,7 +391,7 @@ func TestLoopCompletionForUnknownOrStaleContext(t *testing.T) {
 	// Slots the loop never handed out, and an error with no op context.
 	f.mu.Lock()
 	f.done = append(f.done, 3, 77)
-	f.errs = append(f.errs, ofi.CQError{Err: ofi.ErrIO, Slot: ofi.NoSlot})
+	f.errs = append(f.errs, fabric.CQError{Err: fabric.ErrIO, Slot: fabric.NoSlot})
 	f.mu.Unlock()
 	step(l)
 	assert.False(t, isDone(j))

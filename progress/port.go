@@ -2,7 +2,7 @@ package progress
 
 import (
 	"github.com/fitransfer/fitransfer/endpoint"
-	"github.com/fitransfer/fitransfer/internal/ofi"
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // port is what the loop needs of an endpoint and its op queue. The real
@@ -10,16 +10,16 @@ import (
 // logic with a fake queue.
 type port interface {
 	provider() string
-	set(i int, op *ofi.Op)
+	set(i int, op *fabric.Op)
 	post(n int) (int, error)
 	reap() ([]uint32, error)
-	readErr() (ofi.CQError, bool, error)
+	readErr() (fabric.CQError, bool, error)
 	// waitable reports whether wait may block until traffic arrives.
 	waitable() bool
 	wait(ms int) ([]uint32, error)
 	// signal makes a wait in progress return.
 	signal()
-	pollEQ() *ofi.EQError
+	pollEQ() *fabric.EQError
 	unsafeToCloseInFlight() bool
 	abandon()
 	// close closes the endpoint, then frees the queue.
@@ -29,25 +29,25 @@ type port interface {
 // endpointPort is the port of a real endpoint.
 type endpointPort struct {
 	ep  *endpoint.Endpoint
-	raw *ofi.Endpoint
-	q   *ofi.Queue
+	raw *fabric.Endpoint
+	q   *fabric.Queue
 }
 
 func newEndpointPort(ep *endpoint.Endpoint) *endpointPort {
-	return &endpointPort{ep: ep, raw: ep.Raw(), q: ofi.NewQueue(postBatch, ep.Depth())}
+	return &endpointPort{ep: ep, raw: ep.Raw(), q: fabric.NewQueue(postBatch, ep.Depth())}
 }
 
-func (p *endpointPort) provider() string                    { return p.ep.Provider() }
-func (p *endpointPort) set(i int, op *ofi.Op)               { p.q.Set(i, op) }
-func (p *endpointPort) post(n int) (int, error)             { return p.q.Post(p.raw, n) }
-func (p *endpointPort) reap() ([]uint32, error)             { return p.q.Reap(p.raw) }
-func (p *endpointPort) readErr() (ofi.CQError, bool, error) { return p.q.ReadErr(p.raw) }
-func (p *endpointPort) waitable() bool                      { return p.ep.Waitable() }
-func (p *endpointPort) wait(ms int) ([]uint32, error)       { return p.q.Wait(p.raw, ms) }
-func (p *endpointPort) signal()                             { p.raw.Signal() }
-func (p *endpointPort) pollEQ() *ofi.EQError                { return p.ep.PollEQ() }
-func (p *endpointPort) unsafeToCloseInFlight() bool         { return p.ep.UnsafeToCloseInFlight() }
-func (p *endpointPort) abandon()                            { p.ep.Abandon() }
+func (p *endpointPort) provider() string                       { return p.ep.Provider() }
+func (p *endpointPort) set(i int, op *fabric.Op)               { p.q.Set(i, op) }
+func (p *endpointPort) post(n int) (int, error)                { return p.q.Post(p.raw, n) }
+func (p *endpointPort) reap() ([]uint32, error)                { return p.q.Reap(p.raw) }
+func (p *endpointPort) readErr() (fabric.CQError, bool, error) { return p.q.ReadErr(p.raw) }
+func (p *endpointPort) waitable() bool                         { return p.ep.Waitable() }
+func (p *endpointPort) wait(ms int) ([]uint32, error)          { return p.q.Wait(p.raw, ms) }
+func (p *endpointPort) signal()                                { p.raw.Signal() }
+func (p *endpointPort) pollEQ() *fabric.EQError                { return p.ep.PollEQ() }
+func (p *endpointPort) unsafeToCloseInFlight() bool            { return p.ep.UnsafeToCloseInFlight() }
+func (p *endpointPort) abandon()                               { p.ep.Abandon() }
 
 func (p *endpointPort) close() {
 	p.ep.Close()

@@ -2,13 +2,13 @@ package transport
 
 import (
 	"fmt"
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"os"
 	"sync"
 	"time"
 
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -31,9 +31,9 @@ type bufState struct {
 	iface  mr.Iface // mr.Host, or device memory
 	device int
 	access mr.Access
-	mrs    []*ofi.MR  // per backend index
-	eps    []remoteEP // the handle's endpoints
-	guard  uint32     // shm guard slot
+	mrs    []*fabric.MR // per backend index
+	eps    []remoteEP   // the handle's endpoints
+	guard  uint32       // shm guard slot
 	hasGrd bool
 
 	mu           sync.Mutex
@@ -92,7 +92,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	}
 	defer m.releaseManager()
 	bs := m.backends()
-	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*ofi.MR, len(bs.all))
+	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*fabric.MR, len(bs.all))
 	base := st.base
 	for _, b := range bs.all {
 		if b.Retired.Load() {

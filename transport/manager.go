@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -192,7 +191,7 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 	if err != nil && !errors.Is(err, fabric.ErrNoData) {
 		return nil, err
 	}
-	if err == nil && ofi.RuntimeVersion().Major() >= 2 {
+	if err == nil && fabric.RuntimeVersion().Major() >= 2 {
 		infos = m.replaceProvider(infos, string(fabric.BackendSHM), func() ([]fabric.Info, error) {
 			return fabric.GetInfo(fabric.Query{Hints: fabric.WithoutShmFastRMA(hints(string(fabric.BackendSHM)))})
 		})

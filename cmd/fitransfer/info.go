@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // knownProviders are provider names libfabric 1.17–2.x can be built with,
@@ -67,7 +66,7 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	if version {
 		fmt.Fprintf(stdout, "fitransfer: %s\nlibfabric: %s\nlibfabric api: %s\n", buildVersion(), vers.Library, vers.Compiled)
 		fmt.Fprintf(stdout, "negotiated api: %s (older of compiled %s and runtime %s)\n", vers.API, vers.Compiled, vers.Runtime)
-		fmt.Fprintf(stdout, "compiled in: %s\n", ofi.CompiledFeatures())
+		fmt.Fprintf(stdout, "compiled in: %s\n", fabric.CompiledFeatures())
 		return exitOK
 	}
 
@@ -133,8 +132,8 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	case env:
 		// fi_info prints the variables only after its query succeeded, so
 		// -e with filters no provider matches fails as the query does.
-		var params []ofi.Param
-		if params, err = ofi.Params(); err == nil {
+		var params []fabric.Param
+		if params, err = fabric.Params(); err == nil {
 			err = writeParams(stdout, params, filter, getenv)
 		}
 	case asJSON:

@@ -2,18 +2,17 @@ package main
 
 import (
 	"bufio"
+	"github.com/fitransfer/fitransfer/fabric"
 	"io"
 	"strings"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // paramTypeWords are fi_info's words for each variable type.
-var paramTypeWords = map[ofi.ParamType]string{
-	ofi.ParamString: "String",
-	ofi.ParamInt:    "Integer",
-	ofi.ParamSizeT:  "size_t",
-	ofi.ParamBool:   "Boolean (0/1, on/off, true/false, yes/no)",
+var paramTypeWords = map[fabric.ParamType]string{
+	fabric.ParamString: "String",
+	fabric.ParamInt:    "Integer",
+	fabric.ParamSizeT:  "size_t",
+	fabric.ParamBool:   "Boolean (0/1, on/off, true/false, yes/no)",
 }
 
 // writeParams prints libfabric's variables as `fi_info -e` does: a comment
@@ -25,7 +24,7 @@ var paramTypeWords = map[ofi.ParamType]string{
 // fi_info writes a NUL byte on either side of a value without a space
 // (printf's %c of '\0'); fitransfer leaves those out, so the assignment
 // lines can be read by a shell.
-func writeParams(w io.Writer, params []ofi.Param, filter bool, substr string) error {
+func writeParams(w io.Writer, params []fabric.Param, filter bool, substr string) error {
 	bw := bufio.NewWriter(w)
 	for _, p := range params {
 		if filter && !strings.Contains(asciiLower(p.Name), asciiLower(substr)) {

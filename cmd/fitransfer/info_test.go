@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/fitransfer/fitransfer/fabric"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -9,8 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/fitransfer/fitransfer/internal/ofi"
 )
 
 // fiInfo runs the real fi_info (Debian's libfabric-bin, installed by
@@ -178,11 +177,11 @@ func TestInfoVersion(t *testing.T) {
 	assert.Equal(t, w[1:3], g[1:3])
 	// Then which optional features (1.18+ options, efa-direct) this build
 	// has: none with 1.17 headers, all of them with 2.1's.
-	assert.Contains(t, got, "compiled in: "+ofi.CompiledFeatures().String()+"\n")
-	if ofi.CompiledVersion().AtLeast(2, 1) {
+	assert.Contains(t, got, "compiled in: "+fabric.CompiledFeatures().String()+"\n")
+	if fabric.CompiledVersion().AtLeast(2, 1) {
 		assert.Contains(t, got, "FI_OPT_MAX_RMA_SIZE")
 		assert.Contains(t, got, "efa-direct")
-	} else if !ofi.CompiledVersion().AtLeast(1, 18) {
+	} else if !fabric.CompiledVersion().AtLeast(1, 18) {
 		assert.Contains(t, got, "compiled in: none")
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -48,7 +47,7 @@ type Route struct {
 // work (the command then exits non-zero).
 type Report struct {
 	Libfabric fabric.Versions    `json:"libfabric"`
-	Headers   ofi.HeadersHave    `json:"headers"`
+	Headers   fabric.HeadersHave `json:"headers"`
 	Checks    []Check            `json:"checks"`
 	Routes    []Route            `json:"routes"`
 	EFA       []fabric.EFADevice `json:"efa_devices"`
@@ -84,14 +83,14 @@ func Run(o Options) Report {
 	if o.Exe == "" {
 		o.Exe, _ = os.Executable()
 	}
-	r := Report{Libfabric: fabric.CurrentVersions(), Headers: ofi.CompiledFeatures()}
+	r := Report{Libfabric: fabric.CurrentVersions(), Headers: fabric.CompiledFeatures()}
 	add := func(c Check) { r.Checks = append(r.Checks, c) }
 
 	add(checkVersion(r.Libfabric, r.Headers))
 
 	devs, err := fabric.EFADevices(o.SysfsRoot)
 	r.EFA = devs
-	trap := checkAbortTrap(ofi.RuntimeVersion(), fabric.EFAGetInfoGate())
+	trap := checkAbortTrap(fabric.RuntimeVersion(), fabric.EFAGetInfoGate())
 	add(trap)
 	if trap.Status == Fail {
 		// fi_getinfo would abort this process (libfabric 1.17 reads the
@@ -153,7 +152,7 @@ func route(infos []fabric.Info, loc fabric.Locality, p fabric.RMAPolicy, facts f
 	return Route{Locality: loc.String(), Backend: string(c.Backend), Reason: c.Reason}
 }
 
-func checkVersion(v fabric.Versions, h ofi.HeadersHave) Check {
+func checkVersion(v fabric.Versions, h fabric.HeadersHave) Check {
 	c := Check{Name: "libfabric", Status: Pass,
 		Detail: fmt.Sprintf("%s (API %s: compiled %s, runtime %s; optional features compiled in: %s)",
 			v.Library, v.API, v.Compiled, v.Runtime, h)}
@@ -423,7 +422,7 @@ func probeCUDAAPI(info *fabric.Info) error {
 	}
 	defer d.Close()
 	yes := true
-	ep, err := d.OpenEndpoint(0, false, ofi.EndpointOptions{CUDAAPIPermitted: &yes})
+	ep, err := d.OpenEndpoint(0, false, fabric.EndpointOptions{CUDAAPIPermitted: &yes})
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,6 @@ import (
 	"github.com/fitransfer/fitransfer/endpoint"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/mr"
@@ -107,7 +106,7 @@ func (r *Route) Address() string { return r.Addr(r.name) }
 
 // Addr prints an endpoint name of this route's address format.
 func (r *Route) Addr(name []byte) string {
-	return ofi.Addr{Format: r.Info.AddrFormat, Bytes: name}.String()
+	return fabric.Addr{Format: r.Info.AddrFormat, Bytes: name}.String()
 }
 
 // Wedged is a *progress.WedgedError while a libfabric call on the
@@ -122,8 +121,8 @@ func (r *Route) Poll() { r.loop.Poll() }
 func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
 
 // Register registers reg on the endpoint's domain.
-func (r *Route) Register(reg mr.Region) (*ofi.MR, error) {
-	var m *ofi.MR
+func (r *Route) Register(reg mr.Region) (*fabric.MR, error) {
+	var m *fabric.MR
 	var err error
 	if derr := r.loop.Do(func() { m, err = mr.Register(r.loop.Endpoint().Target(), reg) }); derr != nil {
 		return nil, derr
@@ -167,11 +166,11 @@ func (r *Route) Wait(ctx context.Context, x *Xfer) error { return r.loop.Wait(ct
 func (r *Route) CheckName(name []byte) error {
 	want := len(r.name) // the format's size: this endpoint's own name
 	switch r.Info.AddrFormat {
-	case ofi.AddrSockaddrIn:
+	case fabric.AddrSockaddrIn:
 		want = 16
-	case ofi.AddrSockaddrIn6:
+	case fabric.AddrSockaddrIn6:
 		want = 28
-	case ofi.AddrSockaddr:
+	case fabric.AddrSockaddr:
 		want = 16
 		if len(name) >= 2 && binary.LittleEndian.Uint16(name) == syscall.AF_INET6 {
 			want = 28

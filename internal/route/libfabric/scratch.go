@@ -3,9 +3,9 @@ package libfabric
 import (
 	"context"
 	"fmt"
+	"github.com/fitransfer/fitransfer/fabric"
 	"time"
 
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -15,9 +15,9 @@ import (
 // the memory this manager reads its peers' entries into, in slots of one
 // entry.
 type Scratch struct {
-	table     *ofi.MR
+	table     *fabric.MR
 	mem       []byte
-	mr        *ofi.MR
+	mr        *fabric.MR
 	slots     chan uint32
 	entrySize int
 }

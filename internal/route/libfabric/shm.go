@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/ofi"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 )
 
@@ -35,7 +34,7 @@ var cmaSetting struct {
 func shmSingleCopyAllowed() bool {
 	cmaSetting.once.Do(func() {
 		scope := cma.PtraceScope()
-		cmaSetting.ok = ofi.RuntimeVersion().Major() == 1 &&
+		cmaSetting.ok = fabric.RuntimeVersion().Major() == 1 &&
 			!fabric.EnvTruthy("FI_SHM_DISABLE_CMA") && (scope == "" || scope == "0")
 	})
 	return cmaSetting.ok
@@ -65,11 +64,11 @@ func ShmPeerPID(name []byte) int {
 func (r *Route) WriteFlags(transmitComplete, verified, reaches bool) uint64 {
 	switch {
 	case transmitComplete:
-		return uint64(ofi.OpTransmitComplete)
+		return uint64(fabric.OpTransmitComplete)
 	case r.Provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
-		return uint64(ofi.OpDeliveryComplete)
+		return uint64(fabric.OpDeliveryComplete)
 	case reaches:
-		return uint64(ofi.OpTransmitComplete)
+		return uint64(fabric.OpTransmitComplete)
 	}
-	return uint64(ofi.OpDeliveryComplete)
+	return uint64(fabric.OpDeliveryComplete)
 }
