@@ -1,8 +1,9 @@
 package mr
 
 import (
-	"github.com/fitransfer/fitransfer/fabric"
 	"strings"
+
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // Access is what peers may do with a registered buffer. The owner's own

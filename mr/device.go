@@ -2,6 +2,7 @@ package mr
 
 import (
 	"fmt"
+
 	"github.com/fitransfer/fitransfer/fabric"
 )
 

@@ -3,6 +3,7 @@ package mr
 import (
 	"errors"
 	"fmt"
+
 	"github.com/fitransfer/fitransfer/fabric"
 )
 

@@ -3,7 +3,6 @@ package progress
 import (
 	"context"
 	"errors"
-	"github.com/fitransfer/fitransfer/fabric"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -15,6 +14,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // fakePort is a queue without libfabric: posted ops wait in pending until

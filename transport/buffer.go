@@ -2,13 +2,13 @@ package transport
 
 import (
 	"fmt"
-	"github.com/fitransfer/fitransfer/fabric"
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 )
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )

@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/fitransfer/fitransfer/internal/errclass"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"hash/crc32"
 
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 )
 

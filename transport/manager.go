@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fitransfer/fitransfer/internal/proc"
-	"github.com/fitransfer/fitransfer/internal/route"
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"net"
 	"os"
 	"strings"
@@ -17,6 +13,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )

@@ -4,9 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/fitransfer/fitransfer/internal/proc"
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"net"
 	"os"
 	"strings"
@@ -16,6 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/proc"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
+
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/memcpy"
-	"slices"
-	"time"
-
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )

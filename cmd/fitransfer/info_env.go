@@ -2,9 +2,10 @@ package main
 
 import (
 	"bufio"
-	"github.com/fitransfer/fitransfer/fabric"
 	"io"
 	"strings"
+
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // paramTypeWords are fi_info's words for each variable type.

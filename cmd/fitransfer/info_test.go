@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/fitransfer/fitransfer/fabric"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -10,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // fiInfo runs the real fi_info (Debian's libfabric-bin, installed by

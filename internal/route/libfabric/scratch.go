@@ -3,9 +3,9 @@ package libfabric
 import (
 	"context"
 	"fmt"
-	"github.com/fitransfer/fitransfer/fabric"
 	"time"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )

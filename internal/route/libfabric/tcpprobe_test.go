@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/fitransfer/fitransfer/internal/errclass"
 	"net"
 	"syscall"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
