@@ -116,7 +116,7 @@ func Run(o Options) Report {
 
 	sameNode := route(infos, fabric.SameNode, o.Policy, facts)
 	if ok, _ := transport.CMAAvailable(); ok && sameNode.Backend != "" {
-		// What transport does on libfabric 1.x (transport/cma.go).
+		// What transport does on libfabric 1.x (internal/route/cma).
 		sameNode.Reason = "process_vm_readv/writev by fitransfer: libfabric's shm can leave a process deaf for good when a peer dies mid-copy; " +
 			"shm when CMA does not reach a peer (" + sameNode.Reason + ")"
 		sameNode.Backend = "cma"
