@@ -529,7 +529,7 @@ func (m *Manager) Close() error {
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
-		err := b.Close(func() {
+		err := b.CloseWith(func() {
 			for _, st := range bufs {
 				if b.Index < len(st.mrs) {
 					st.closeMR(b.Index)
@@ -589,7 +589,7 @@ func (m *Manager) replaceSameNode(old *libfabric.Route) error {
 	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
 	if err == nil {
 		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
-			_ = b.Close(nil)
+			_ = b.Close()
 		}
 	}
 	if err != nil {

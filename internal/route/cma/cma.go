@@ -71,6 +71,8 @@ type Route struct {
 	Role, Reason string
 }
 
+var _ route.Route = (*Route)(nil)
+
 // Kind is route.CMA.
 func (*Route) Kind() route.Kind { return route.CMA }
 

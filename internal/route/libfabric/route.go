@@ -130,11 +130,17 @@ func (r *Route) Register(reg mr.Region) (*fabric.MR, error) {
 	return m, err
 }
 
-// Close fails the route's unfinished jobs, runs beforeEndpointClose with
-// the endpoint to itself (MRs must close before their endpoint), closes
-// the endpoint and stops the loop. It returns the *progress.WedgedError
-// of an endpoint stuck inside libfabric, which it leaves behind.
-func (r *Route) Close(beforeEndpointClose func()) error {
+var _ route.Route = (*Route)(nil)
+
+// Close is CloseWith(nil).
+func (r *Route) Close() error { return r.CloseWith(nil) }
+
+// CloseWith fails the route's unfinished jobs, runs beforeEndpointClose
+// with the endpoint to itself (MRs must close before their endpoint),
+// closes the endpoint and stops the loop. It returns the
+// *progress.WedgedError of an endpoint stuck inside libfabric, which it
+// leaves behind.
+func (r *Route) CloseWith(beforeEndpointClose func()) error {
 	return r.loop.Close(func() {
 		if beforeEndpointClose != nil {
 			beforeEndpointClose()

@@ -14,6 +14,8 @@ const Name = "memcpy"
 // Route is the memcpy route. It holds nothing.
 type Route struct{}
 
+var _ route.Route = Route{}
+
 // Kind is route.Memcpy.
 func (Route) Kind() route.Kind { return route.Memcpy }
 

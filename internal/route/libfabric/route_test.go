@@ -1,0 +1,159 @@
+package libfabric
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+func TestMain(m *testing.M) {
+	testenv.LoopbackOnly()
+	m.Run()
+}
+
+// open opens a route of provider, as a manager does.
+func open(t *testing.T, provider fabric.Backend) *Route {
+	t.Helper()
+	infos, err := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints(string(provider))})
+	require.NoError(t, err)
+	require.NotEmpty(t, infos)
+	r, err := Open(0, &infos[0], "test", "forced", progress.DefaultPollPolicy, zerolog.Nop(), 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, r.Close()) })
+	require.Equal(t, provider, r.Provider)
+	return r
+}
+
+// holder counts what Xfers do with the buffer they hold.
+type holder struct{ unrefs, stuck atomic.Int32 }
+
+func (h *holder) Unref()             { h.unrefs.Add(1) }
+func (h *holder) AddStuck(delta int) { h.stuck.Add(int32(delta)) }
+
+// TestXferMovesBytes reads and writes between two routes of this process
+// through the route's own API — Peer, NewXfer, Aim, Submit, Wait — on
+// shm and tcp, and checks the bytes and the buffer's reference.
+func TestXferMovesBytes(t *testing.T) {
+	for _, prov := range []fabric.Backend{fabric.BackendSHM, fabric.BackendTCP} {
+		t.Run(string(prov), func(t *testing.T) {
+			owner, initiator := open(t, prov), open(t, prov)
+			omem, err := mr.Alloc(1 << 20)
+			require.NoError(t, err)
+			defer mr.Free(omem)
+			imem, err := mr.Alloc(1 << 20)
+			require.NoError(t, err)
+			defer mr.Free(imem)
+			for i := range omem {
+				omem[i] = byte(i * 13)
+			}
+			omr, err := owner.Register(mr.HostRegion(omem, mr.ReadWrite))
+			require.NoError(t, err)
+			defer owner.Do(func() { _ = omr.Close() })
+			imr, err := initiator.Register(mr.HostRegion(imem, 0))
+			require.NoError(t, err)
+			defer initiator.Do(func() { _ = imr.Close() })
+			remote := mr.RemoteAddr(owner.VirtAddr, mr.Addr(omem), 0)
+
+			for _, op := range []progress.Op{progress.Read, progress.Write} {
+				if op == progress.Write {
+					clear(omem)
+				}
+				p, err := initiator.Peer(owner.EndpointName())
+				require.NoError(t, err)
+				h := new(holder)
+				x := initiator.NewXfer(h)
+				x.Aim(p, op, time.Now(), time.Now().Add(10*time.Second), 0)
+				x.Job().Flags = initiator.WriteFlags(false, false, false)
+				for off := uint64(0); off < 1<<20; off += 256 << 10 {
+					x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(imem[off:]), Desc: imr.Desc(),
+						Len: 256 << 10, Remote: remote + off, Key: omr.Key(), Offset: off})
+				}
+				require.NoError(t, x.Submit())
+				require.NoError(t, initiator.Wait(context.Background(), x))
+				assert.Empty(t, x.Job().Errs)
+				assert.Equal(t, 4, x.Job().Completed)
+				x.Release()
+				require.Eventually(t, func() bool { return h.unrefs.Load() == 1 }, 5*time.Second, time.Millisecond,
+					"the buffer's reference comes back once, when the loop and the waiter let go")
+				assert.Equal(t, omem, imem, "%s", op)
+			}
+		})
+	}
+}
+
+// TestPeers: a peer is inserted once and counted per use; Forget leaves
+// a peer an Xfer still uses; AddPeer's count (Add, Unadd) forgets it with
+// its last undo only.
+func TestPeers(t *testing.T) {
+	a, b := open(t, fabric.BackendTCP), open(t, fabric.BackendTCP)
+	p1, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	p2, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	assert.Same(t, p1, p2)
+	assert.Equal(t, int32(2), p1.uses.Load())
+	assert.Equal(t, b.Address(), p1.Name())
+
+	a.Forget(b.EndpointName())
+	p3, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	assert.Same(t, p1, p3, "in use: not forgotten")
+	p1.Done()
+	p2.Done()
+	p3.Done()
+
+	a.Add(b.EndpointName())
+	a.Add(b.EndpointName())
+	a.Unadd(b.EndpointName())
+	p4, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	p4.Done()
+	assert.Same(t, p1, p4, "one AddPeer left: kept")
+	a.Unadd(b.EndpointName())
+	p5, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	p5.Done()
+	assert.NotSame(t, p1, p5, "the last undo forgot it: inserted anew")
+	a.Unadd([]byte("never added")) // another session's: left alone
+}
+
+// TestCheckName: names a provider would misread are refused before
+// libfabric sees them.
+func TestCheckName(t *testing.T) {
+	tcp := open(t, fabric.BackendTCP)
+	assert.NoError(t, tcp.CheckName(tcp.EndpointName()))
+	for _, bad := range [][]byte{nil, make([]byte, 3), make([]byte, 17), make([]byte, MaxNameLen+1)} {
+		assert.ErrorIs(t, tcp.CheckName(bad), errclass.BadHandle, "%d bytes", len(bad))
+	}
+	shm := open(t, fabric.BackendSHM)
+	assert.NoError(t, shm.CheckName(make([]byte, 40)), "shm names come from a verified owner, any length")
+	assert.ErrorIs(t, shm.CheckName(make([]byte, MaxNameLen+1)), errclass.BadHandle)
+}
+
+// TestBlocked: ops left in flight to a dead shm peer block the endpoint
+// after blockedGrace, and BlockedOrGone names the dead peer itself when
+// the op goes to it.
+func TestBlocked(t *testing.T) {
+	r := open(t, fabric.BackendSHM)
+	assert.NoError(t, r.Blocked())
+	r.abandonDead("fi_shm://1:0:0")
+	assert.NoError(t, r.Blocked(), "within the grace")
+	r.deadSince.Store(time.Now().Add(-time.Second).UnixNano())
+	assert.ErrorIs(t, r.Blocked(), errclass.Blocked)
+	gone := append([]byte("fi_shm://999999999:0:0"), 0)
+	err := r.BlockedOrGone(progress.Read, gone)
+	assert.ErrorIs(t, err, errclass.PeerGone)
+	r.deadOps.Add(-1)
+	assert.NoError(t, r.Blocked(), "the ops completed after all")
+}
