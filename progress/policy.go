@@ -6,10 +6,11 @@ import "time"
 // without pause for Spin after the last activity (a submission or a
 // completion), then sleeps between polls, doubling from MinSleep up to
 // MaxSleep (and while a goroutine waits on a job and so drives progress,
-// it looks again every max(MaxSleep, 1ms)). A submission wakes it at once.
-// Endpoints whose completion
-// queue wakes on incoming traffic (tcp) block in fi_cq_sread instead of
-// sleeping, for at most MaxSleep.
+// it looks again every max(MaxSleep, 1ms)). A submission does not wake
+// it: the goroutine that waits for the job drives progress itself
+// (Loop.Wait), and a job nobody waits for starts within MaxSleep.
+// Endpoints whose completion queue wakes on incoming traffic (tcp) block
+// in fi_cq_sread instead of sleeping, for at most MaxSleep.
 type PollPolicy struct {
 	Spin     time.Duration
 	MinSleep time.Duration
