@@ -96,11 +96,11 @@ func classify(provider string, errno fabric.Errno, provErrno int) (class error, 
 	if provider == "efa" && provErrno != 0 {
 		switch provErrno {
 		case 7: // REMOTE_ERROR_BAD_ADDRESS: key, range or access do not match the owner's registration
-			return errclass.StaleHandle, false
+			return errclass.ErrStaleHandle, false
 		case 9, 4124: // REMOTE_ERROR_BAD_DEST_QPN, ERR_ESTABLISHED_RECV_UNRESP: the peer's endpoint or process is gone
-			return errclass.PeerGone, false
+			return errclass.ErrPeerGone, false
 		case 11: // REMOTE_ERROR_BAD_LENGTH: the remote buffer is shorter than the op
-			return errclass.OutOfRange, false
+			return errclass.ErrOutOfRange, false
 		case 10, 12: // REMOTE_ERROR_RNR, REMOTE_ERROR_BAD_STATUS: the table's fix is to retry
 			return nil, true
 		}
@@ -110,13 +110,13 @@ func classify(provider string, errno fabric.Errno, provErrno int) (class error, 
 	}
 	switch {
 	case errno == fabric.ErrKeyRejected:
-		return errclass.StaleHandle, false
+		return errclass.ErrStaleHandle, false
 	case errno == fabric.ErrAccess:
-		return errclass.AccessDenied, false
+		return errclass.ErrAccessDenied, false
 	case errno == fabric.ErrTrunc:
-		return errclass.OutOfRange, false
+		return errclass.ErrOutOfRange, false
 	case errno == fabric.ErrTimedOut:
-		return errclass.Timeout, true
+		return errclass.ErrTimeout, true
 	case errno == fabric.ErrAgain, errno == fabric.Errno(4): // FI_EINTR
 		return nil, true
 	case fabric.ConnGone(errno):
@@ -184,7 +184,7 @@ func (e *TimeoutError) Unwrap() error { return e.Cause }
 // Is reports whether target is transport.ErrTimeout and the cause a
 // deadline: a canceled context is context.Canceled only.
 func (e *TimeoutError) Is(target error) bool {
-	return target == errclass.Timeout && !errors.Is(e.Cause, context.Canceled)
+	return target == errclass.ErrTimeout && !errors.Is(e.Cause, context.Canceled)
 }
 
 // ErrClosed is returned for jobs submitted to, or pending in, a loop that
@@ -205,4 +205,4 @@ func (e *PeerGoneError) Error() string {
 }
 
 // Is reports whether target is transport.ErrPeerGone.
-func (e *PeerGoneError) Is(target error) bool { return target == errclass.PeerGone }
+func (e *PeerGoneError) Is(target error) bool { return target == errclass.ErrPeerGone }

@@ -45,10 +45,10 @@ func TestErrorClasses(t *testing.T) {
 		class     error // nil: none
 		transient bool
 	}{
-		{"tcp: key rejected", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrKeyRejected}, errclass.StaleHandle, false},
-		{"any: access", &Error{Provider: "shm", Errno: fabric.ErrAccess}, errclass.AccessDenied, false},
-		{"any: truncated", &Error{Provider: "shm", Errno: fabric.ErrTrunc}, errclass.OutOfRange, false},
-		{"any: provider timeout", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrTimedOut}, errclass.Timeout, true},
+		{"tcp: key rejected", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrKeyRejected}, errclass.ErrStaleHandle, false},
+		{"any: access", &Error{Provider: "shm", Errno: fabric.ErrAccess}, errclass.ErrAccessDenied, false},
+		{"any: truncated", &Error{Provider: "shm", Errno: fabric.ErrTrunc}, errclass.ErrOutOfRange, false},
+		{"any: provider timeout", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrTimedOut}, errclass.ErrTimeout, true},
 		{"any: busy", &Error{Provider: "shm", Errno: fabric.ErrAgain, Posting: true}, nil, true},
 		// A lost connection says nothing about the peer by itself: rxm
 		// reports it to a live owner that closed it after a refused op.
@@ -57,11 +57,11 @@ func TestErrorClasses(t *testing.T) {
 		{"tcp 1.17: canceled, EPIPE", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 32}, nil, false},
 		{"tcp 1.17: canceled, ENOENT", &Error{Provider: "tcp;ofi_rxm", Errno: fabric.ErrCanceled, ProvErrno: 2}, nil, false},
 		{"any: I/O error", &Error{Provider: "shm", Errno: fabric.ErrIO}, nil, false},
-		{"efa 1.17: bad address", &Error{Provider: "efa", Errno: fabric.ErrIO, ProvErrno: 7}, errclass.StaleHandle, false},
-		{"efa 1.22: bad address", &Error{Provider: "efa", Errno: fabric.ErrInval, ProvErrno: 7}, errclass.StaleHandle, false},
-		{"efa: bad destination QP", &Error{Provider: "efa", Errno: fabric.ErrNotConn, ProvErrno: 9}, errclass.PeerGone, false},
-		{"efa: established peer stopped answering", &Error{Provider: "efa", Errno: fabric.ErrConnAborted, ProvErrno: 4124}, errclass.PeerGone, false},
-		{"efa: remote buffer too short", &Error{Provider: "efa", Errno: fabric.ErrMsgSize, ProvErrno: 11}, errclass.OutOfRange, false},
+		{"efa 1.17: bad address", &Error{Provider: "efa", Errno: fabric.ErrIO, ProvErrno: 7}, errclass.ErrStaleHandle, false},
+		{"efa 1.22: bad address", &Error{Provider: "efa", Errno: fabric.ErrInval, ProvErrno: 7}, errclass.ErrStaleHandle, false},
+		{"efa: bad destination QP", &Error{Provider: "efa", Errno: fabric.ErrNotConn, ProvErrno: 9}, errclass.ErrPeerGone, false},
+		{"efa: established peer stopped answering", &Error{Provider: "efa", Errno: fabric.ErrConnAborted, ProvErrno: 4124}, errclass.ErrPeerGone, false},
+		{"efa: remote buffer too short", &Error{Provider: "efa", Errno: fabric.ErrMsgSize, ProvErrno: 11}, errclass.ErrOutOfRange, false},
 		{"efa: receiver not ready", &Error{Provider: "efa", Errno: fabric.ErrNoRx, ProvErrno: 10}, nil, true},
 		{"efa: bad remote status", &Error{Provider: "efa", Errno: fabric.ErrRemoteIO, ProvErrno: 12}, nil, true},
 		// Documented, but not one class: unknown peer is the target's
@@ -72,7 +72,7 @@ func TestErrorClasses(t *testing.T) {
 		{"efa: aborted (probably exited)", &Error{Provider: "efa", Errno: fabric.ErrConnAborted, ProvErrno: 8}, nil, false},
 		{"efa: flushed", &Error{Provider: "efa", Errno: fabric.ErrCanceled, ProvErrno: 1}, nil, false},
 	}
-	all := []error{errclass.PeerGone, errclass.StaleHandle, errclass.AccessDenied, errclass.OutOfRange, errclass.Timeout}
+	all := []error{errclass.ErrPeerGone, errclass.ErrStaleHandle, errclass.ErrAccessDenied, errclass.ErrOutOfRange, errclass.ErrTimeout}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.class, tt.e.Class())
@@ -88,14 +88,14 @@ func TestErrorClasses(t *testing.T) {
 
 func TestTimeoutAndPeerGoneClasses(t *testing.T) {
 	deadline := &TimeoutError{Op: Read, Cause: context.DeadlineExceeded}
-	assert.ErrorIs(t, deadline, errclass.Timeout)
+	assert.ErrorIs(t, deadline, errclass.ErrTimeout)
 	assert.ErrorIs(t, deadline, context.DeadlineExceeded)
 	canceled := &TimeoutError{Op: Read, Cause: context.Canceled}
-	assert.NotErrorIs(t, canceled, errclass.Timeout, "a canceled context is not a timeout")
+	assert.NotErrorIs(t, canceled, errclass.ErrTimeout, "a canceled context is not a timeout")
 	assert.ErrorIs(t, canceled, context.Canceled)
 	gone := &PeerGoneError{Op: Write, Provider: "cma", Peer: "process 1", Cause: "process 1 no longer exists"}
-	assert.ErrorIs(t, gone, errclass.PeerGone)
-	assert.NotErrorIs(t, gone, errclass.Timeout)
+	assert.ErrorIs(t, gone, errclass.ErrPeerGone)
+	assert.NotErrorIs(t, gone, errclass.ErrTimeout)
 	assert.Equal(t, "not started: the deadline had passed (context deadline exceeded)",
 		(&TimeoutError{Cause: context.DeadlineExceeded, NotStarted: true}).Error())
 	assert.Equal(t, "not started: the context was canceled", (&TimeoutError{Cause: context.Canceled, NotStarted: true}).Error())

@@ -353,7 +353,7 @@ func (e *WedgedError) Error() string {
 }
 
 // Is makes errors.Is(err, transport.ErrEndpointWedged) true.
-func (e *WedgedError) Is(target error) bool { return target == errclass.Wedged }
+func (e *WedgedError) Is(target error) bool { return target == errclass.ErrWedged }
 
 func wedgeCause(provider string) string {
 	if provider == "shm" {

@@ -96,9 +96,7 @@ func (f *fakePort) reap() ([]uint32, error) {
 		if f.rng != nil {
 			n = 1 + f.rng.IntN(n)
 		}
-		for _, s := range f.pending[:n] {
-			f.done = append(f.done, s)
-		}
+		f.done = append(f.done, f.pending[:n]...)
 		f.pending = append(f.pending[:0], f.pending[n:]...)
 	}
 	out := f.done

@@ -19,22 +19,22 @@ import (
 var (
 	// ErrPeerGone: the buffer's owner process exited (a zombie counts) or
 	// nothing listens at its endpoint any more; retrying cannot help.
-	ErrPeerGone = errclass.PeerGone
+	ErrPeerGone = errclass.ErrPeerGone
 	// ErrStaleHandle: the owner no longer has the buffer the handle names
 	// (closed, or the owner restarted), or the handle was altered. Where
 	// the owner's provider checks keys (tcp;ofi_rxm, efa), any key, range
 	// or access mismatch it refuses is reported as this: it does not say
 	// which.
-	ErrStaleHandle = errclass.StaleHandle
+	ErrStaleHandle = errclass.ErrStaleHandle
 	// ErrAccessDenied: the owner did not grant the remote right the op needs.
-	ErrAccessDenied = errclass.AccessDenied
+	ErrAccessDenied = errclass.ErrAccessDenied
 	// ErrOutOfRange: a slice or handle range outside its buffer.
-	ErrOutOfRange = errclass.OutOfRange
+	ErrOutOfRange = errclass.ErrOutOfRange
 	// ErrTimeout: the deadline (the context's, or the manager's timeout)
 	// passed first, or the provider timed the op out. For a deadline
 	// errors.Is(err, context.DeadlineExceeded) holds as well; a canceled
 	// context is context.Canceled, not ErrTimeout.
-	ErrTimeout = errclass.Timeout
+	ErrTimeout = errclass.ErrTimeout
 )
 
 // Errors for bad input and state; each returned error wraps one and says
@@ -59,12 +59,12 @@ var (
 	// ErrEndpointBlocked: an shm endpoint that can complete no more ops,
 	// because ops to a peer that died are still in flight on it (see
 	// backend.blocked).
-	ErrEndpointBlocked = errclass.Blocked
+	ErrEndpointBlocked = errclass.ErrBlocked
 	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
 	// does not return (a *progress.WedgedError); ops on it fail with it,
 	// and Manager.Close reports it, leaving that endpoint and its memory
 	// behind rather than freeing them under the stuck call.
-	ErrEndpointWedged = errclass.Wedged
+	ErrEndpointWedged = errclass.ErrWedged
 )
 
 // TransferError is a transfer (or an Action) that failed. It keeps every

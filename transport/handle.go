@@ -30,7 +30,7 @@ const (
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrBadHandle is wrapped by every error decoding a handle.
-var ErrBadHandle = errclass.BadHandle
+var ErrBadHandle = errclass.ErrBadHandle
 
 func badHandle(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadHandle, fmt.Sprintf(format, args...))

@@ -1,6 +1,6 @@
 // Package errclass holds the sentinel errors of fitransfer's error
 // vocabulary. The transport package exports them (transport.ErrPeerGone
-// is PeerGone, and so on); they live here so that the typed errors of
+// is ErrPeerGone, and so on); they live here so that the typed errors of
 // packages below transport, such as completion's, can match them in their
 // Is methods without importing transport, which imports them.
 package errclass
@@ -9,26 +9,26 @@ import "errors"
 
 // The classes. Their texts are what errors that wrap them start with.
 var (
-	// PeerGone: the buffer's owner process exited (or its endpoint
+	// ErrPeerGone: the buffer's owner process exited (or its endpoint
 	// closed) and nothing will ever answer there again.
-	PeerGone = errors.New("peer gone")
-	// StaleHandle: the owner no longer has the buffer the handle names,
+	ErrPeerGone = errors.New("peer gone")
+	// ErrStaleHandle: the owner no longer has the buffer the handle names,
 	// or the handle was altered.
-	StaleHandle = errors.New("stale or altered handle")
-	// AccessDenied: the owner did not grant the remote right the op needs.
-	AccessDenied = errors.New("access denied")
-	// OutOfRange: a slice or handle range outside its buffer.
-	OutOfRange = errors.New("out of range")
-	// Timeout: the deadline passed before the transfer finished, or the
+	ErrStaleHandle = errors.New("stale or altered handle")
+	// ErrAccessDenied: the owner did not grant the remote right the op needs.
+	ErrAccessDenied = errors.New("access denied")
+	// ErrOutOfRange: a slice or handle range outside its buffer.
+	ErrOutOfRange = errors.New("out of range")
+	// ErrTimeout: the deadline passed before the transfer finished, or the
 	// provider timed the op out.
-	Timeout = errors.New("timed out")
-	// Wedged: an endpoint stuck inside a libfabric call that does not
+	ErrTimeout = errors.New("timed out")
+	// ErrWedged: an endpoint stuck inside a libfabric call that does not
 	// return; nothing more can be done on it.
-	Wedged = errors.New("endpoint wedged")
-	// Blocked: an shm endpoint that can complete no more ops, because
+	ErrWedged = errors.New("endpoint wedged")
+	// ErrBlocked: an shm endpoint that can complete no more ops, because
 	// ops to a peer that died are still in flight on it.
-	Blocked = errors.New("endpoint blocked")
-	// BadHandle: a handle that does not decode, or names an address no
+	ErrBlocked = errors.New("endpoint blocked")
+	// ErrBadHandle: a handle that does not decode, or names an address no
 	// provider could take.
-	BadHandle = errors.New("invalid buffer handle")
+	ErrBadHandle = errors.New("invalid buffer handle")
 )

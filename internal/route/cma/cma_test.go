@@ -80,7 +80,7 @@ func TestRunErrors(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, errs[1], &ce)
 	assert.Equal(t, unix.EFAULT, ce.Errno)
-	assert.ErrorIs(t, errs[2], errclass.PeerGone)
+	assert.ErrorIs(t, errs[2], errclass.ErrPeerGone)
 
 	past := route.Limit{Ctx: context.Background(), Start: time.Now(), Deadline: time.Now().Add(-time.Second)}
 	err = Copy(past, &Op{Dir: progress.Read, PID: pid, Local: local[:8], Remote: uint64(mr.Addr(local[2048:]))})

@@ -186,7 +186,7 @@ func (r *Route) CheckName(name []byte) error {
 		want = len(name) // shm names come from a verified owner (the transport's same-node check)
 	}
 	if len(name) != want || len(name) > MaxNameLen {
-		return fmt.Errorf("%w: a %s endpoint address of %d bytes (%v takes %d)", errclass.BadHandle, r.Provider, len(name), r.Info.AddrFormat, want)
+		return fmt.Errorf("%w: a %s endpoint address of %d bytes (%v takes %d)", errclass.ErrBadHandle, r.Provider, len(name), r.Info.AddrFormat, want)
 	}
 	return nil
 }
@@ -305,7 +305,7 @@ func (r *Route) abandonDead(peer string) {
 	}
 }
 
-// Blocked returns an error wrapping errclass.Blocked when ops to a dead
+// Blocked returns an error wrapping errclass.ErrBlocked when ops to a dead
 // peer have stayed in flight past blockedGrace. libfabric's shm takes an
 // endpoint's completions from one queue in order (smr_progress_resp,
 // prov/shm/src/smr_progress.c, v1.17.0 and v2.1.0): an op whose target
@@ -326,7 +326,7 @@ func (r *Route) Blocked() error {
 	return fmt.Errorf("%w: the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
 		"and shm completes an endpoint's ops in order, so later ops would wait forever; "+
 		"close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
-		errclass.Blocked, r.Provider, peer, since.Round(time.Millisecond))
+		errclass.ErrBlocked, r.Provider, peer, since.Round(time.Millisecond))
 }
 
 // BlockedOrGone is Blocked for an op toward the shm endpoint name, except

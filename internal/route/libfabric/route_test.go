@@ -134,11 +134,11 @@ func TestCheckName(t *testing.T) {
 	tcp := open(t, fabric.BackendTCP)
 	assert.NoError(t, tcp.CheckName(tcp.EndpointName()))
 	for _, bad := range [][]byte{nil, make([]byte, 3), make([]byte, 17), make([]byte, MaxNameLen+1)} {
-		assert.ErrorIs(t, tcp.CheckName(bad), errclass.BadHandle, "%d bytes", len(bad))
+		assert.ErrorIs(t, tcp.CheckName(bad), errclass.ErrBadHandle, "%d bytes", len(bad))
 	}
 	shm := open(t, fabric.BackendSHM)
 	assert.NoError(t, shm.CheckName(make([]byte, 40)), "shm names come from a verified owner, any length")
-	assert.ErrorIs(t, shm.CheckName(make([]byte, MaxNameLen+1)), errclass.BadHandle)
+	assert.ErrorIs(t, shm.CheckName(make([]byte, MaxNameLen+1)), errclass.ErrBadHandle)
 }
 
 // TestBlocked: ops left in flight to a dead shm peer block the endpoint
@@ -150,10 +150,10 @@ func TestBlocked(t *testing.T) {
 	r.abandonDead("fi_shm://1:0:0")
 	assert.NoError(t, r.Blocked(), "within the grace")
 	r.deadSince.Store(time.Now().Add(-time.Second).UnixNano())
-	assert.ErrorIs(t, r.Blocked(), errclass.Blocked)
+	assert.ErrorIs(t, r.Blocked(), errclass.ErrBlocked)
 	gone := append([]byte("fi_shm://999999999:0:0"), 0)
 	err := r.BlockedOrGone(progress.Read, gone)
-	assert.ErrorIs(t, err, errclass.PeerGone)
+	assert.ErrorIs(t, err, errclass.ErrPeerGone)
 	r.deadOps.Add(-1)
 	assert.NoError(t, r.Blocked(), "the ops completed after all")
 }

@@ -53,7 +53,7 @@ func (p *probe) reset(name []byte, drop *drop) {
 	p.name, p.addr, p.completed, p.drop = name, "", 0, drop
 	p.since.Store(time.Now().UnixNano())
 	gen := p.state.Load()>>probeStateBits + 1
-	p.state.Store(gen<<probeStateBits | probeIdle)
+	p.state.Store(gen << probeStateBits) // state probeIdle
 }
 
 // SockaddrHostPort is "host:port" of a raw sockaddr_in/in6, or "".
@@ -173,7 +173,7 @@ func Explain(j *progress.Job, name []byte, victim bool) error {
 		return nil
 	}
 	return fmt.Errorf("%w: the owner at %s still listens but refused the op: its key, range or access check failed "+
-		"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", errclass.StaleHandle, addr)
+		"(the buffer was closed, or the handle is stale or altered; tcp;ofi_rxm does not say which)", errclass.ErrStaleHandle, addr)
 }
 
 // liveness is what dialing a tcp owner's endpoint tells.

@@ -29,8 +29,8 @@ func sockaddrIn(t *testing.T, addr *net.TCPAddr) []byte {
 
 // TestTCPExplain: a tcp job that failed with cancellations and lost
 // connections only is explained by one dial of the peer's endpoint:
-// nothing listens (errclass.PeerGone), the owner listens and shut the
-// connection down under a cancelled op (it refused it: errclass.StaleHandle,
+// nothing listens (errclass.ErrPeerGone), the owner listens and shut the
+// connection down under a cancelled op (it refused it: errclass.ErrStaleHandle,
 // whatever leftover errno prov_errno holds), or the owner listens and
 // the op was posted to a connection already lost (no explanation:
 // transient).
@@ -59,14 +59,14 @@ func TestTCPExplain(t *testing.T) {
 		want   error  // nil: no explanation
 		hint   string // the chunk errors' hint afterwards ("": unchanged)
 	}{
-		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, errclass.PeerGone, ""},
-		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, errclass.StaleHandle, rejected},
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, errclass.ErrPeerGone, ""},
+		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, errclass.ErrStaleHandle, rejected},
 		// rxm's prov_errno is a leftover errno: ENOTCONN there does not
 		// mean the owner exited.
-		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, errclass.PeerGone, ""},
-		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, errclass.StaleHandle, rejected},
-		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, errclass.StaleHandle, rejected},
-		{"not connected, nothing listens", []error{notConn()}, deadName, false, errclass.PeerGone, ""},
+		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, errclass.ErrPeerGone, ""},
+		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, errclass.ErrStaleHandle, rejected},
+		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, errclass.ErrStaleHandle, rejected},
+		{"not connected, nothing listens", []error{notConn()}, deadName, false, errclass.ErrPeerGone, ""},
 		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected},
 		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore},
 		{"not only cancellations", []error{canceled(2), &progress.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
@@ -94,12 +94,12 @@ func TestTCPExplain(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, tt.want)
-			for _, other := range []error{errclass.PeerGone, errclass.StaleHandle} {
+			for _, other := range []error{errclass.ErrPeerGone, errclass.ErrStaleHandle} {
 				if other != tt.want {
 					assert.NotErrorIs(t, err, other)
 				}
 			}
-			if tt.want == errclass.PeerGone {
+			if tt.want == errclass.ErrPeerGone {
 				var gone *progress.PeerGoneError
 				require.ErrorAs(t, err, &gone)
 				assert.Contains(t, err.Error(), "peer-x")
