@@ -31,6 +31,7 @@ type bufState struct {
 	iface  mr.Iface // mr.Host, or device memory
 	device int
 	access mr.Access
+	mrsMu  sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode)
 	mrs    []*fabric.MR // per backend index
 	eps    []remoteEP   // the handle's endpoints
 	guard  uint32       // shm guard slot
@@ -296,7 +297,7 @@ func (st *bufState) deregister() {
 	st.deregistered = true
 	st.mu.Unlock()
 	for _, b := range st.m.backends().all {
-		if b.Index >= len(st.mrs) || b.Retired.Load() {
+		if b.Retired.Load() {
 			continue // a retired backend's loop is stuck: its MRs stay
 		}
 		// st.mrs[i] is read and cleared only on backend i's loop: a
@@ -310,10 +311,44 @@ func (st *bufState) deregister() {
 
 // closeMR closes the MR of one backend; only on that backend's loop.
 func (st *bufState) closeMR(i int) {
-	if m := st.mrs[i]; m != nil {
-		_ = m.Close()
-		st.mrs[i] = nil
+	st.mrsMu.Lock()
+	var m *fabric.MR
+	if i < len(st.mrs) {
+		m, st.mrs[i] = st.mrs[i], nil
 	}
+	st.mrsMu.Unlock()
+	if m != nil {
+		_ = m.Close()
+	}
+}
+
+// desc is the local descriptor of the buffer on backend b. A buffer
+// registered before b was opened (the shm endpoint that took a stuck
+// one's place) is registered on b now, once: its local ops need it there.
+// Peers keep reaching it by the routes its handle names.
+func (st *bufState) desc(b *libfabric.Route) (fabric.Desc, error) {
+	st.mrsMu.Lock()
+	if b.Index < len(st.mrs) && st.mrs[b.Index] != nil {
+		d := st.mrs[b.Index].Desc()
+		st.mrsMu.Unlock()
+		return d, nil
+	}
+	st.mrsMu.Unlock()
+	m, err := b.Register(mr.Region{Addr: st.base, Len: st.size, Access: st.access, Iface: st.iface, Device: st.device})
+	if err != nil {
+		return nil, err
+	}
+	st.mrsMu.Lock()
+	defer st.mrsMu.Unlock()
+	for len(st.mrs) <= b.Index {
+		st.mrs = append(st.mrs, nil)
+	}
+	if st.mrs[b.Index] != nil { // another op registered it meanwhile
+		_ = b.Do(func() { _ = m.Close() })
+		return st.mrs[b.Index].Desc(), nil
+	}
+	st.mrs[b.Index] = m
+	return m.Desc(), nil
 }
 
 func (st *bufState) markClosed() {

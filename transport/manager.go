@@ -531,9 +531,7 @@ func (m *Manager) Close() error {
 		// the endpoint: MRs must be closed before their endpoint.
 		err := b.CloseWith(func() {
 			for _, st := range bufs {
-				if b.Index < len(st.mrs) {
-					st.closeMR(b.Index)
-				}
+				st.closeMR(b.Index)
 			}
 		})
 		if err != nil {

@@ -367,7 +367,10 @@ func (m *Manager) fill(x *libfabric.Xfer, o *opSpec, start, deadline time.Time) 
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}
-	desc := st.mrs[b.Index].Desc()
+	desc, err := st.desc(b)
+	if err != nil {
+		return fmt.Errorf("%s over %s: registering the local buffer on this endpoint: %w", o.op, b.Provider, err)
+	}
 	remote := o.ep.base + o.remote.off
 	end := o.remote.n
 	if b.Provider == fabric.BackendSHM {

@@ -704,10 +704,14 @@ func TestStuckShmEndpointIsReplaced(t *testing.T) {
 	old := register(t, owner, alloc(t, 4096), mr.ReadWrite)
 	testpeer.Fill(old.Bytes(), 1)
 	peer := testpeer.Start(t, "shm")
-	peer.Register(4096, mr.ReadWrite, 2)
+	theirs := peer.Register(4096, mr.ReadWrite, 2)
 	require.NoError(t, peer.Transfer("read", 0, old.Remote()))
 
 	require.NoError(t, transport.ReplaceSameNode(owner))
+	require.NoError(t, owner.ReadInto(ctxTimeout(t, 10*time.Second), old, theirs),
+		"a buffer registered before the replacement works as the local side on the new endpoint")
+	assert.Equal(t, peer.Sum(0, 0, 4096), testpeer.Sum(old.Bytes()))
+	require.NoError(t, owner.WriteFrom(ctxTimeout(t, 10*time.Second), theirs, old))
 	var roles []string
 	for _, b := range owner.Backends() {
 		roles = append(roles, b.Provider+"/"+b.Role)
