@@ -92,6 +92,8 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 		return nil, nil, err
 	}
 	defer m.releaseManager()
+	m.replaceMu.RLock()
+	defer m.replaceMu.RUnlock()
 	bs := m.backends()
 	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*fabric.MR, len(bs.all))
 	base := st.base

@@ -35,11 +35,14 @@ type Manager struct {
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 
-	mu     sync.RWMutex // read-held while a transfer or registration is set up; held to replace a backend
+	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
-	bufsMu sync.Mutex
-	bufs   map[uint64]*bufState
-	nextID atomic.Uint64
+	// replaceMu: a replacement holds it, a registration reads it, so
+	// that a buffer is registered on one consistent set of backends.
+	replaceMu sync.RWMutex
+	bufsMu    sync.Mutex
+	bufs      map[uint64]*bufState
+	nextID    atomic.Uint64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,
@@ -575,11 +578,19 @@ func (m *Manager) releaseManager() { m.mu.RUnlock() }
 // before keep their other routes; peers verified before re-verify and
 // learn the new shm address. It does nothing when old is no longer the
 // shm backend.
+//
+// It holds the manager only as a transfer does (read), so that transfers
+// on other routes go on meanwhile: a writer waiting for a transfer stuck
+// behind the wedged endpoint would stop every new one.
 func (m *Manager) replaceSameNode(old *libfabric.Route) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.acquire(); err != nil {
+		return nil // closing: nothing to replace
+	}
+	defer m.releaseManager()
+	m.replaceMu.Lock()
+	defer m.replaceMu.Unlock()
 	cur := m.backends()
-	if m.closed || cur.sameNode != old || old.Retired.Load() {
+	if cur.sameNode != old || old.Retired.Load() {
 		return nil
 	}
 	old.Retired.Store(true)
