@@ -142,6 +142,16 @@ func (e *Endpoint) PollEQ() *fabric.EQError {
 	return ev
 }
 
+// CallsMayNeverReturn reports whether a progress call on the endpoint can
+// spin forever: libfabric 1.x's shm takes a peer's region lock inside
+// fi_read/fi_write and fi_cq_read, and a peer that died holding it never
+// releases it (prov/shm/src/smr_rma.c and smr_progress.c, v1.17.0). Only
+// the progress loop's own goroutine should make such calls, so that a
+// caller with a deadline is never the one caught.
+func (e *Endpoint) CallsMayNeverReturn() bool {
+	return e.info.Fabric.ProvName == "shm" && fabric.RuntimeVersion().Major() < 2
+}
+
 // UnsafeToCloseInFlight reports whether closing the endpoint while ops are
 // in flight can crash the process: libfabric 1.x's tcp;ofi_rxm closes its
 // connections on fi_close, the tcp provider flushes a read response it is

@@ -150,6 +150,10 @@ type TimeoutError struct {
 	// NotStarted: the context was done before the transfer began, and
 	// nothing moved. Only Cause is set then.
 	NotStarted bool
+	// Left: the endpoint was inside a libfabric call that had not
+	// returned when the deadline came, so the job was left to its
+	// progress loop, which ends it when the call returns.
+	Left bool
 }
 
 func (e *TimeoutError) Error() string {
@@ -167,6 +171,9 @@ func (e *TimeoutError) Error() string {
 		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)
 	if e.Provider == "memcpy" {
 		return s // a copy within the process: no peer to blame
+	}
+	if e.Left {
+		s += "; the endpoint was inside a libfabric call that had not returned (its ops stay in flight until it does)"
 	}
 	return s + "; the peer may be dead, stopped, unreachable or not progressing its endpoint" + shmNote(e.Provider)
 }

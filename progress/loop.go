@@ -135,6 +135,9 @@ type Loop struct {
 	ep         *endpoint.Endpoint // nil for a loop over a test port
 	port       port
 	policy     PollPolicy
+	// passive: callers never call libfabric themselves (Wait, Poll): a
+	// call may never return on this endpoint (port.callsMayNeverReturn).
+	passive bool
 	log        zerolog.Logger
 	wedgeAfter time.Duration
 
@@ -191,7 +194,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
 		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
-		wedgeAfter: policy.normalized().WedgeAfter,
+		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(),
 		wake:       make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
@@ -244,6 +247,10 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		return nil
 	default:
 	}
+	if l.passive {
+		l.kick()
+		return l.waitPassive(ctx, j)
+	}
 	l.drivers.Add(1)
 	last := monoNow()
 	yielded := last
@@ -295,12 +302,51 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 		}
 	}
 	gen := j.gen.Load()
-	if err := l.acquire(); err != nil {
+	wait := time.Duration(1<<63 - 1) // until the lock or a wedge: the drivers' calls return
+	if l.passive {
+		wait = abortWait // the loop's goroutine may be in a call that never returns
+	}
+	if err := l.acquireWithin(wait); err != nil {
+		if errors.Is(err, errBusy) {
+			// The loop's goroutine is in a call that has not returned,
+			// yet is not wedged: the job is left to it, and it expires
+			// the job as soon as it is back. The caller must not reuse
+			// the job, only drop its hold on it.
+			return &TimeoutError{Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
+				After: time.Since(j.Start), Completed: j.Completed, Total: len(j.Chunks), Cause: ctx.Err(), Left: true}
+		}
 		return err
 	}
 	l.abort(j, gen, ctx.Err())
 	l.drive.Unlock()
 	<-j.done
+	return nil
+}
+
+// abortWait is how long a waiter whose context ended waits for the drive
+// lock of a passive loop before it leaves its job to the loop.
+const abortWait = 50 * time.Millisecond
+
+// errBusy: the drive lock stayed taken by a call that is not (yet) wedged.
+var errBusy = errors.New("endpoint busy in a libfabric call")
+
+// acquireWithin is acquire, giving up with errBusy after d.
+func (l *Loop) acquireWithin(d time.Duration) error {
+	l.drivers.Add(1)
+	defer l.drivers.Add(-1)
+	start := monoNow()
+	for !l.drive.TryLock() {
+		if err := l.Wedged(); err != nil {
+			return err
+		}
+		if time.Duration(monoNow()-start) > d {
+			return errBusy
+		}
+		if l.sleeping.Load() {
+			l.port.signal()
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
 	return nil
 }
 
@@ -383,6 +429,10 @@ func (l *Loop) InFlight() int { return l.inflight }
 // on memory themselves (a pingpong watching for a peer's write) and so
 // are the natural driver of progress.
 func (l *Loop) Poll() bool {
+	if l.passive {
+		l.kick()
+		return false
+	}
 	now := monoNow()
 	l.polled.Store(now)
 	if !l.drive.TryLock() {

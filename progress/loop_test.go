@@ -33,8 +33,9 @@ type fakePort struct {
 	failNext fabric.Errno
 	auto     bool // every pending op completes at the next reap
 	rng      *rand.Rand
-	gate     chan struct{} // when set, post blocks until it is closed
+	gate     chan struct{} // when set, the next post blocks until it is closed
 	blocked  chan struct{} // closed when post blocks on gate
+	mayHang  bool          // callsMayNeverReturn
 	posted   atomic.Int64
 	closed   bool
 }
@@ -54,6 +55,7 @@ func (f *fakePort) set(i int, op *fabric.Op) {
 func (f *fakePort) post(n int) (int, error) {
 	f.mu.Lock()
 	gate := f.gate
+	f.gate = nil // one post blocks
 	f.mu.Unlock()
 	if gate != nil {
 		close(f.blocked)
@@ -128,6 +130,7 @@ func (f *fakePort) signal()                       {}
 func (f *fakePort) pollEQ() *fabric.EQError       { return nil }
 func (f *fakePort) unsafeToCloseInFlight() bool   { return false }
 func (f *fakePort) abandon()                      {}
+func (f *fakePort) callsMayNeverReturn() bool     { return f.mayHang }
 func (f *fakePort) close()                        { f.mu.Lock(); f.closed = true; f.mu.Unlock() }
 func (f *fakePort) setAuto(on bool, r *rand.Rand) { f.mu.Lock(); f.auto, f.rng = on, r; f.mu.Unlock() }
 
@@ -430,6 +433,45 @@ func TestLoopWedgeDetection(t *testing.T) {
 	close(gate)
 	<-stuck
 	assert.NoError(t, l.Wedged())
+}
+
+// TestPassiveWaitersKeepTheirDeadline: on an endpoint whose calls may
+// never return (libfabric 1.x's shm), a waiter never calls libfabric
+// itself, so a call stuck in the loop's goroutine cannot catch it: its
+// Wait ends at its deadline, leaving the job to the loop (Left), which
+// ends it when the call returns. Poll does not call either.
+func TestPassiveWaitersKeepTheirDeadline(t *testing.T) {
+	f := newFakePort()
+	f.mayHang = true
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
+	gate := make(chan struct{})
+	f.gate, f.blocked = gate, make(chan struct{})
+	go l.run()
+	defer l.Close(nil)
+	var idle atomic.Int32
+	stuck := job(1, &idle)
+	require.NoError(t, l.Submit(stuck))
+	<-f.blocked // the loop's goroutine is inside post, for good
+
+	j := job(1, &idle)
+	j.Start, j.Deadline = time.Now(), time.Now().Add(100*time.Millisecond)
+	require.NoError(t, l.Submit(j))
+	ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
+	defer cancel()
+	assert.False(t, l.Poll())
+	start := time.Now()
+	err := l.Wait(ctx, j)
+	var te *TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.True(t, te.Left)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Zero(t, idle.Load(), "both jobs are still the loop's")
+
+	f.setAuto(true, nil) // what is posted completes
+	close(gate)          // the call returns
+	require.Eventually(t, func() bool { return idle.Load() == 2 }, 5*time.Second, time.Millisecond,
+		"the loop ends the job it was left, and lets both go")
 }
 
 // TestLoopCloseReportsWedge: Close on an endpoint stuck in a libfabric

@@ -21,6 +21,8 @@ type port interface {
 	signal()
 	pollEQ() *fabric.EQError
 	unsafeToCloseInFlight() bool
+	// callsMayNeverReturn: only the loop's goroutine calls libfabric.
+	callsMayNeverReturn() bool
 	abandon()
 	// close closes the endpoint, then frees the queue.
 	close()
@@ -48,6 +50,7 @@ func (p *endpointPort) signal()                                { p.raw.Signal() 
 func (p *endpointPort) pollEQ() *fabric.EQError                { return p.ep.PollEQ() }
 func (p *endpointPort) unsafeToCloseInFlight() bool            { return p.ep.UnsafeToCloseInFlight() }
 func (p *endpointPort) abandon()                               { p.ep.Abandon() }
+func (p *endpointPort) callsMayNeverReturn() bool              { return p.ep.CallsMayNeverReturn() }
 
 func (p *endpointPort) close() {
 	p.ep.Close()

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -216,7 +217,8 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 		return err
 	}
 	if err := b.Wait(ctx, x); err != nil {
-		release = false // the wedged loop keeps the job and the scratch it reads into
+		var we *progress.WedgedError
+		release = !errors.As(err, &we) // the wedged loop keeps the job and the scratch it reads into
 		return err
 	}
 	j := x.Job()

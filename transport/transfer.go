@@ -171,9 +171,16 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					j = o.x.Job()
 				}
 				if err != nil {
-					// Wedged: the job stays the loop's; its xfer is left.
+					// The job stays the loop's. Wedged: its xfer is left,
+					// holds and all. Left at the deadline: the loop ends
+					// it when its call returns, and releases it then.
+					var we *progress.WedgedError
+					if !errors.As(err, &we) {
+						o.x.Release()
+					} else {
+						failed++
+					}
 					errs = append(errs, err)
-					failed++
 					o.x, o.submitted = nil, false
 					break
 				}
