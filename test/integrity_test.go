@@ -21,6 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -186,6 +187,7 @@ func (r *integrityRun) watch(workers []*worker, stopped <-chan *worker) {
 		case w := <-stopped:
 			delete(left, w)
 		case <-tick.C:
+			r.checkOwners()
 			for w := range left {
 				if what, over := w.overdue(); over {
 					r.abandoned.Store(true)
@@ -193,6 +195,23 @@ func (r *integrityRun) watch(workers []*worker, stopped <-chan *worker) {
 					delete(left, w)
 				}
 			}
+		}
+	}
+}
+
+// checkOwners stops the run once an owner process is gone: nothing in
+// the run ends them, so something outside it did (or they crashed), and
+// what follows — ops toward a dead owner, shm endpoints stuck on its
+// region lock — is not the invariant under test. It is reported as such.
+func (r *integrityRun) checkOwners() {
+	for _, ow := range r.owners {
+		o, ok := ow.(*peerOwner)
+		if !ok {
+			continue // this process
+		}
+		if gone, why := proc.Gone(o.p.Pid); gone && !o.gone.Swap(true) {
+			r.violation(fmt.Sprintf("OWNER GONE: %s (%s) during the run; the run stops, its later errors follow from that", o.label, why))
+			r.stopClaims.Store(true)
 		}
 	}
 }
@@ -277,11 +296,12 @@ type integrityRun struct {
 	end  time.Time
 	left atomic.Int64
 
-	retiring  atomic.Int64 // Close calls under way
-	abandoned atomic.Bool  // a worker or a Close hangs: its memory may still be used
-	over      atomic.Bool  // the workers were waited for: a late one must not touch t
-	memMu     sync.Mutex
-	mems      map[*byte][]byte // every mr.Alloc not yet freed
+	retiring   atomic.Int64 // Close calls under way
+	abandoned  atomic.Bool  // a worker or a Close hangs: its memory may still be used
+	over       atomic.Bool  // the workers were waited for: a late one must not touch t
+	stopClaims atomic.Bool  // no more ops: an owner is gone
+	memMu      sync.Mutex
+	mems       map[*byte][]byte // every mr.Alloc not yet freed
 
 	mu         sync.Mutex
 	down       map[string]bool           // routes whose manager cannot register any more
@@ -292,7 +312,7 @@ type integrityRun struct {
 
 // claim says whether a worker runs one more step.
 func (r *integrityRun) claim() bool {
-	if r.over.Load() {
+	if r.over.Load() || r.stopClaims.Load() {
 		return false
 	}
 	if *integrityOps > 0 {
@@ -421,6 +441,7 @@ type owner interface {
 // peerOwner serializes a testpeer's line protocol and numbers its buffers.
 type peerOwner struct {
 	label string
+	gone  atomic.Bool // its process was found gone (checkOwners)
 	over  *atomic.Bool
 	mu    sync.Mutex
 	p     *testpeer.Peer
