@@ -1,7 +1,9 @@
+//lint:file-ignore ST1012 callers write errclass.PeerGone; transport exports each class as ErrX.
+
 // Package errclass holds the sentinel errors of fitransfer's error
 // vocabulary. The transport package exports them (transport.ErrPeerGone
 // is PeerGone, and so on); they live here so that the typed errors of
-// packages below transport, such as completion's, can match them in their
+// packages below transport, such as progress's, can match them in their
 // Is methods without importing transport, which imports them.
 package errclass
 
