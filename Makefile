@@ -54,8 +54,13 @@ deps: $(DEPS_2)
 build: deps
 	$(GO) build -o $(BIN) ./cmd/fitransfer
 
+# staticcheck at a pinned version, run through `go run`: nothing to
+# install, and go.mod does not change.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet: deps
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 	$(GO) mod tidy -diff
 
 # Everything under the race detector; then the soak and churn again

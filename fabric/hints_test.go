@@ -144,9 +144,10 @@ func TestHintsMatchDocs(t *testing.T) {
 	if end := strings.Index(section[4:], "\n#"); end >= 0 {
 		section = section[:end+4]
 	}
-	provRow := regexp.MustCompile("(?m)^\\| (\\d+) `")
-	errnoRow := regexp.MustCompile("(?m)^\\| fi_errno .*")
-	errnoNum := regexp.MustCompile("`FI_[A-Z]+` \\((\\d+)\\)")
+	// \x60 is a backtick, which a raw string cannot hold (here and below).
+	provRow := regexp.MustCompile(`(?m)^\| (\d+) \x60`)
+	errnoRow := regexp.MustCompile(`(?m)^\| fi_errno .*`)
+	errnoNum := regexp.MustCompile(`\x60FI_[A-Z]+\x60 \((\d+)\)`)
 
 	var docProv, docErrno []int
 	for _, m := range provRow.FindAllStringSubmatch(section, -1) {
@@ -176,7 +177,7 @@ func TestHintsMatchDocs(t *testing.T) {
 
 	// The last cell of a row is its source: `path@tag:line` entries.
 	docSource := map[string]string{}
-	for _, line := range regexp.MustCompile("(?m)^\\| (\\d+ `|fi_errno ).*").FindAllString(section, -1) {
+	for _, line := range regexp.MustCompile(`(?m)^\| (\d+ \x60|fi_errno ).*`).FindAllString(section, -1) {
 		cells := strings.Split(strings.TrimSuffix(line, "|"), "|")
 		src := strings.ReplaceAll(strings.TrimSpace(cells[len(cells)-1]), "`", "")
 		if m := provRow.FindStringSubmatch(line); m != nil {

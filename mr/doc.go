@@ -7,4 +7,9 @@
 // never be Go heap memory, which the garbage collector may move or free.
 // Alloc maps memory outside the Go heap; Adopt declares memory that some
 // other allocator owns (mmap, C.malloc, a device allocator).
+//
+// Addr, Word32 and Uint64 are the typed views of such memory that the
+// rest of fitransfer uses (an address for libfabric or the kernel, an
+// atomically read byte, an atomic 64-bit word), so that unsafe appears
+// only here and in internal/ofi.
 package mr

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,7 +34,7 @@ func Alloc(n int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mr.Alloc(%d): mmap: %w", n, err)
 	}
-	add(region{base: addrOf(b), end: addrOf(b) + uintptr(n), mapped: b})
+	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b})
 	return b, nil
 }
 
@@ -45,7 +44,7 @@ func Free(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	base := addrOf(b)
+	base := Addr(b)
 	regions.Lock()
 	defer regions.Unlock()
 	i := find(base)
@@ -66,7 +65,7 @@ func Adopt(b []byte) error {
 	if len(b) == 0 {
 		return errors.New("mr.Adopt: empty slice")
 	}
-	base := addrOf(b)
+	base := Addr(b)
 	regions.Lock()
 	defer regions.Unlock()
 	if i := find(base); i >= 0 || overlaps(base, base+uintptr(len(b))) {
@@ -81,7 +80,7 @@ func Forget(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	base := addrOf(b)
+	base := Addr(b)
 	regions.Lock()
 	defer regions.Unlock()
 	if i := find(base); i >= 0 && regions.list[i].base == base && regions.list[i].mapped == nil {
@@ -96,7 +95,7 @@ func CheckOffHeap(b []byte) error {
 	if len(b) == 0 {
 		return errors.New("empty buffer: nothing to register")
 	}
-	base := addrOf(b)
+	base := Addr(b)
 	regions.RLock()
 	defer regions.RUnlock()
 	if i := find(base); i >= 0 && base+uintptr(len(b)) <= regions.list[i].end {
@@ -106,8 +105,6 @@ func CheckOffHeap(b []byte) error {
 		"Go heap memory can move and must not be handed to libfabric: allocate with mr.Alloc(n), "+
 		"or declare memory you mapped yourself with mr.Adopt", ErrNotOffHeap, len(b), base)
 }
-
-func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // find returns the index of the region containing addr, or -1. Callers
 // hold the lock.

@@ -1,7 +1,9 @@
 package mr
 
 import (
+	"encoding/binary"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -88,14 +90,65 @@ func TestAccess(t *testing.T) {
 	assert.Equal(t, uint64(1<<8|1<<9|1<<12), RemoteRead.Bits())
 }
 
-func TestAddrAndWords64(t *testing.T) {
+func TestAddr(t *testing.T) {
+	b, err := Alloc(4096)
+	require.NoError(t, err)
+	defer Free(b)
+	assert.Equal(t, uintptr(unsafe.Pointer(&b[0])), Addr(b))
+	assert.Zero(t, Addr(b)%uintptr(unix.Getpagesize()), "Alloc'd memory starts a page")
+	assert.Equal(t, Addr(b)+5, Addr(b[5:]))
+	assert.Equal(t, Addr(b)+7, Addr(b[7:7]), "an empty slice with capacity: where its first byte would be")
+	assert.Zero(t, Addr(nil))
+}
+
+func TestWord32(t *testing.T) {
+	b, err := Alloc(4096)
+	require.NoError(t, err)
+	defer Free(b)
+	for off := 0; off < 12; off++ {
+		word, shift := Word32(b, off)
+		assert.Equal(t, (Addr(b)+uintptr(off))&^3, uintptr(unsafe.Pointer(word)), "offset %d: the aligned word holding it", off)
+		for _, v := range []byte{0x5a, 0xff, 1} {
+			b[off] = v
+			assert.Equal(t, v, byte(atomic.LoadUint32(word)>>shift), "offset %d", off)
+		}
+	}
+	// A slice that starts and ends inside a word: the word reaches past
+	// both ends, and still sees the slice's byte.
+	inner := b[5:6]
+	word, shift := Word32(inner, 0)
+	assert.Equal(t, Addr(b)+4, uintptr(unsafe.Pointer(word)))
+	inner[0] = 0x77
+	assert.Equal(t, byte(0x77), byte(atomic.LoadUint32(word)>>shift))
+
+	assert.Panics(t, func() { Word32(b, -1) })
+	assert.Panics(t, func() { Word32(b, len(b)) })
+	assert.Panics(t, func() { Word32(nil, 0) })
+}
+
+func TestUint64(t *testing.T) {
+	b, err := Alloc(4096)
+	require.NoError(t, err)
+	defer Free(b)
+	p := Uint64(b, 8)
+	assert.Equal(t, Addr(b)+8, uintptr(unsafe.Pointer(p)))
+	atomic.StoreUint64(p, 0x0102030405060708)
+	assert.Equal(t, uint64(0x0102030405060708), binary.NativeEndian.Uint64(b[8:16]), "the word is b[8:16]")
+	assert.Zero(t, binary.NativeEndian.Uint64(b[0:8]))
+	assert.Zero(t, binary.NativeEndian.Uint64(b[16:24]))
+	assert.NotPanics(t, func() { Uint64(b, 4088) }, "the last word")
+
+	assert.Panics(t, func() { Uint64(b, 4) }, "not 8-byte aligned")
+	assert.Panics(t, func() { Uint64(b[1:], 8) }, "aligned offset, unaligned address")
+	assert.Panics(t, func() { Uint64(b, 4090) }, "past the end")
+	assert.Panics(t, func() { Uint64(b, -8) })
+	assert.Panics(t, func() { Uint64(b[:4], 0) }, "shorter than a word")
+}
+
+func TestWords64(t *testing.T) {
 	mem, err := Alloc(4096)
 	require.NoError(t, err)
 	defer Free(mem)
-	assert.Equal(t, uintptr(unsafe.Pointer(&mem[0])), Addr(mem))
-	assert.Equal(t, uintptr(unsafe.Pointer(&mem[8])), Addr(mem[8:]))
-	assert.Zero(t, Addr(nil))
-
 	w := Words64(mem[8:24])
 	require.Len(t, w, 2)
 	w[1] = 0x0102030405060708

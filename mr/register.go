@@ -30,7 +30,7 @@ type Region struct {
 
 // HostRegion is the Region of host memory mem.
 func HostRegion(mem []byte, access Access) Region {
-	return Region{Addr: addrOf(mem), Len: uint64(len(mem)), Access: access, Iface: Host}
+	return Region{Addr: Addr(mem), Len: uint64(len(mem)), Access: access, Iface: Host}
 }
 
 // maxKeyTries bounds the draws when a random key is already taken.

@@ -6,7 +6,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"github.com/fitransfer/fitransfer/mr"
 )
 
 // Marker is the value the last byte of a pingpong buffer takes in
@@ -15,17 +16,14 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 
 // WaitByte spins until the last byte of b equals want, as ib_write_lat
 // watches its buffer; the peer's RMA write changes it. It reads the byte
-// with an atomic load of its aligned word, so the compiler cannot hoist
-// the read out of the loop. poll, when set, is called between reads: the
+// with an atomic load of its aligned word (mr.Word32), so the compiler
+// cannot hoist the read out of the loop. poll, when set, is called between reads: the
 // watcher drives progress (Manager.Poll), as fabtests' pingpong does by
 // polling its CQ. stalled, when set, is asked whether to give up once
 // the wait has lasted a second, then every quarter second: a pingpong
 // whose peer went away ends with stalled's error instead of the timeout.
 func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func(), stalled func() error) error {
-	last := unsafe.Pointer(&b[len(b)-1])
-	mis := uintptr(last) & 3
-	word := (*uint32)(unsafe.Add(last, -int(mis))) // b is page-backed (mr.Alloc): the word is mapped
-	shift := 8 * mis
+	word, shift := mr.Word32(b, len(b)-1)
 	start := time.Now()
 	deadline := start.Add(timeout)
 	nextCheck := start.Add(stallAfter)

@@ -132,12 +132,12 @@ type posting struct {
 // or, when nobody waits, the loop's background goroutine — which keeps
 // progressing even when the endpoint is only a target.
 type Loop struct {
-	ep         *endpoint.Endpoint // nil for a loop over a test port
-	port       port
-	policy     PollPolicy
+	ep     *endpoint.Endpoint // nil for a loop over a test port
+	port   port
+	policy PollPolicy
 	// passive: callers never call libfabric themselves (Wait, Poll): a
 	// call may never return on this endpoint (port.callsMayNeverReturn).
-	passive bool
+	passive    bool
 	log        zerolog.Logger
 	wedgeAfter time.Duration
 
@@ -195,7 +195,7 @@ func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
 		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
 		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(),
-		wake:       make(chan struct{}, 1), exited: make(chan struct{}),
+		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
 		timer: time.NewTimer(time.Hour),

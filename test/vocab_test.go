@@ -15,8 +15,9 @@ import (
 	"github.com/fitransfer/fitransfer/transport"
 )
 
-// The error vocabulary (DESIGN.md §9): whatever the route, errors.Is
-// answers one class per failure.
+// The error vocabulary (the case × route table in package transport's
+// documentation): whatever the route, errors.Is answers one class per
+// failure.
 
 // classes are the five classes; a failure must match exactly one of them
 // (none for a canceled context).

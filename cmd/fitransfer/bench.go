@@ -49,53 +49,75 @@ type benchRow struct {
 	PeerError string  `json:"peer_error,omitempty"`
 }
 
-func runBench(args []string, stdout, stderr io.Writer) int {
+// benchOptions are bench's flags.
+type benchOptions struct {
+	providers string
+	sizes     string
+	iters     int
+	warmup    int
+	window    int
+	ops       string
+	asCSV     bool
+	compare   bool
+	fabtests  string
+	timeout   time.Duration
+	repeat    int
+}
+
+// benchFlags is bench's flag set and the options it fills.
+func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs := flag.NewFlagSet("fitransfer bench", flag.ContinueOnError)
-	providers := fs.String("providers", "", "providers to sweep, comma-separated (default: every usable one of cma, shm, tcp;ofi_rxm, efa)")
-	sizes := fs.String("S", "8,4k,64k,1m", "sizes (as read/write -S, or a comma-separated list)")
-	iters := fs.Int("I", 0, "iterations per size (default: fabtests' per size)")
-	warmup := fs.Int("w", 10, "warm-up iterations per size")
-	window := fs.Int("W", 64, "window for read and write")
-	ops := fs.String("ops", "read,write,pingpong", "tests to run")
-	asCSV := fs.Bool("csv", false, "print CSV")
-	compare := fs.Bool("compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
-	fabtests := fs.String("fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
-	timeout := fs.Duration("timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
-	repeat := fs.Int("repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
+	o := &benchOptions{}
+	fs.StringVar(&o.providers, "providers", "", "providers to sweep, comma-separated (default: every usable one of cma, shm, tcp;ofi_rxm, efa)")
+	fs.StringVar(&o.sizes, "S", "8,4k,64k,1m", "sizes (as read/write -S, or a comma-separated list)")
+	fs.IntVar(&o.iters, "I", 0, "iterations per size (default: fabtests' per size)")
+	fs.IntVar(&o.warmup, "w", 10, "warm-up iterations per size")
+	fs.IntVar(&o.window, "W", 64, "window for read and write")
+	fs.StringVar(&o.ops, "ops", "read,write,pingpong", "tests to run")
+	fs.BoolVar(&o.asCSV, "csv", false, "print CSV")
+	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
+	fs.StringVar(&o.fabtests, "fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
+	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
+	fs.IntVar(&o.repeat, "repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
 	fs.Usage = defaultUsage(fs, "[flags]")
+	return fs, o
+}
+
+func runBench(args []string, stdout, stderr io.Writer) int {
+	fs, o := benchFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
 	}
-	sz, err := perftest.ParseSizes(*sizes)
+	sz, err := perftest.ParseSizes(o.sizes)
 	if err != nil {
 		return fail(stderr, "bench", usageError{fmt.Errorf("-S: %w", err)})
 	}
-	provs, err := benchProviders(*providers)
+	provs, err := benchProviders(o.providers)
 	if err != nil {
 		return fail(stderr, "bench", err)
 	}
 	ctx, stop := interruptible()
 	defer stop()
 	var rows []benchRow
-	if *repeat < 1 {
+	if o.repeat < 1 {
 		return fail(stderr, "bench", usageError{errors.New("--repeat must be >= 1")})
 	}
 	var peers *peerTools
-	if *compare {
-		peers = &peerTools{fabtestsDir: *fabtests, warmup: *warmup, window: *window, timeout: *timeout}
+	if o.compare {
+		peers = &peerTools{fabtestsDir: o.fabtests, warmup: o.warmup, window: o.window, timeout: o.timeout}
 	}
 	for _, prov := range provs {
-		r, err := benchProvider(ctx, prov, strings.Split(*ops, ","), sz, *iters, *warmup, *window, *repeat, *timeout, peers, stderr)
+		r, err := benchProvider(ctx, prov, strings.Split(o.ops, ","), sz, o.iters, o.warmup, o.window, o.repeat, o.timeout, peers, stderr)
 		rows = append(rows, r...)
 		if err != nil {
-			printBench(stdout, rows, *asCSV, *compare, *repeat)
+			printBench(stdout, rows, o.asCSV, o.compare, o.repeat)
 			if ctx.Err() != nil {
 				return exitInterrupted
 			}
 			return fail(stderr, "bench", fmt.Errorf("%s: %w", prov, err))
 		}
 	}
-	printBench(stdout, rows, *asCSV, *compare, *repeat)
+	printBench(stdout, rows, o.asCSV, o.compare, o.repeat)
 	return exitOK
 }
 

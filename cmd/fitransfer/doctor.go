@@ -12,20 +12,33 @@ import (
 
 func maybeRunChild() (bool, int) { return doctor.MaybeRunCMAChild() }
 
-func runDoctor(args []string, stdout, stderr io.Writer) int {
+// doctorOptions are doctor's flags.
+type doctorOptions struct {
+	asJSON        bool
+	allowEmulated bool
+}
+
+// doctorFlags is doctor's flag set and the options it fills.
+func doctorFlags() (*flag.FlagSet, *doctorOptions) {
 	fs := flag.NewFlagSet("fitransfer doctor", flag.ContinueOnError)
+	o := &doctorOptions{}
 	fs.Usage = defaultUsage(fs, "[--json] [--allow-emulated]")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	allowEmulated := fs.Bool("allow-emulated", false, "count EFA with emulated RMA as usable (P4d-class writes)")
+	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	fs.BoolVar(&o.allowEmulated, "allow-emulated", false, "count EFA with emulated RMA as usable (P4d-class writes)")
+	return fs, o
+}
+
+func runDoctor(args []string, stdout, stderr io.Writer) int {
+	fs, o := doctorFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	opts := doctor.Options{}
-	if *allowEmulated {
+	if o.allowEmulated {
 		opts.Policy = fabric.AllowEmulatedRMA
 	}
 	r := doctor.Run(opts)
-	if *asJSON {
+	if o.asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(r); err != nil {

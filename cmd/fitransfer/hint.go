@@ -10,39 +10,53 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 )
 
+// hintOptions are hint's flags.
+type hintOptions struct {
+	prov   string
+	list   bool
+	asJSON bool
+}
+
+// hintFlags is hint's flag set and the options it fills.
+func hintFlags() (*flag.FlagSet, *hintOptions) {
+	fs := flag.NewFlagSet("fitransfer hint", flag.ContinueOnError)
+	o := &hintOptions{}
+	fs.StringVar(&o.prov, "p", "", "provider whose prov_errno the numbers are (efa); without it numbers are fi_errno values")
+	fs.BoolVar(&o.list, "list", false, "print the whole table")
+	fs.BoolVar(&o.asJSON, "json", false, "machine-readable output (JSON)")
+	fs.Usage = defaultUsage(fs, "[-p efa] CODE... | --list\n  CODE: a number, or an fi_errno name such as FI_EHOSTUNREACH")
+	return fs, o
+}
+
 // runHint explains error numbers from fitransfer's hint table
 // (fabric.HintTable, docs/EFA.md "Error hints"): the prov_errno a
 // provider printed, or an fi_errno by number or name.
 func runHint(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fitransfer hint", flag.ContinueOnError)
-	prov := fs.String("p", "", "provider whose prov_errno the numbers are (efa); without it numbers are fi_errno values")
-	list := fs.Bool("list", false, "print the whole table")
-	asJSON := fs.Bool("json", false, "machine-readable output (JSON)")
-	fs.Usage = defaultUsage(fs, "[-p efa] CODE... | --list\n  CODE: a number, or an fi_errno name such as FI_EHOSTUNREACH")
+	fs, o := hintFlags()
 	codes, code, ok := parseArgs(fs, args, stdout, stderr)
 	if !ok {
 		return code
 	}
-	if *prov == "tcp" {
-		*prov = "tcp;ofi_rxm"
+	if o.prov == "tcp" {
+		o.prov = "tcp;ofi_rxm"
 	}
 	var rows []fabric.HintRow
 	switch {
-	case *list:
+	case o.list:
 		rows = fabric.HintTable()
 	case len(codes) == 0:
 		fmt.Fprintln(stderr, "fitransfer hint: name an error number or FI_E* name, or use --list (see `fitransfer hint -h`)")
 		return exitUsage
 	}
 	for _, c := range codes {
-		r, err := lookupCode(*prov, c)
+		r, err := lookupCode(o.prov, c)
 		if err != nil {
 			fmt.Fprintf(stderr, "fitransfer hint: %v\n", err)
 			return exitFail
 		}
 		rows = append(rows, r)
 	}
-	if *asJSON {
+	if o.asJSON {
 		if err := writeJSON(stdout, hintsJSON(rows)); err != nil {
 			fmt.Fprintf(stderr, "fitransfer hint: %v\n", err)
 			return exitFail

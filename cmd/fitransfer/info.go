@@ -19,12 +19,16 @@ var knownProviders = []string{
 	"sockets", "tcp", "ucx", "udp", "usnic", "verbs",
 }
 
-func runInfo(args []string, stdout, stderr io.Writer) int {
+// infoOptions are info's flags: fi_info's, and --version, --json.
+type infoOptions struct {
+	node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov, getenv string
+	list, verbose, version, asJSON, env                                               bool
+}
+
+// infoFlags is info's flag set and the options it fills.
+func infoFlags() (*flag.FlagSet, *infoOptions) {
 	fs := flag.NewFlagSet("fitransfer info", flag.ContinueOnError)
-	var (
-		node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov, getenv string
-		list, verbose, version, asJSON, env                                               bool
-	)
+	o := &infoOptions{}
 	str := func(p *string, short, long, help string) {
 		fs.StringVar(p, short, "", help)
 		fs.StringVar(p, long, "", help)
@@ -33,23 +37,28 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 		fs.BoolVar(p, short, false, help)
 		fs.BoolVar(p, long, false, help)
 	}
-	str(&src, "s", "src_addr", "source name or address (sets FI_SOURCE)")
-	str(&node, "n", "node", "dest node name or address")
-	str(&port, "P", "port", "port number")
-	str(&caps, "c", "caps", "one or more capabilities: FI_MSG|FI_RMA...")
-	str(&mode, "m", "mode", "one or more modes, default all modes")
-	str(&epType, "t", "ep_type", "endpoint type: FI_EP_MSG, FI_EP_DGRAM, FI_EP_RDM...")
-	str(&domain, "d", "domain", "domain name")
-	str(&fabricName, "f", "fabric", "fabric name")
-	str(&addrFormat, "a", "addr_format", "address format: FI_FORMAT_UNSPEC, FI_SOCKADDR...")
-	str(&prov, "p", "provider", "provider, e.g. shm, tcp, \"tcp;ofi_rxm\", efa")
-	boolean(&env, "e", "env", "print libfabric environment variables")
-	str(&getenv, "g", "getenv", "print libfabric environment variables with substr")
-	boolean(&list, "l", "list", "list available libfabric providers")
-	boolean(&verbose, "v", "verbose", "verbose output (fi_tostr of every fi_info)")
-	fs.BoolVar(&version, "version", false, "print version info and exit")
-	fs.BoolVar(&asJSON, "json", false, "print everything as JSON (docs/info-json.md)")
+	str(&o.src, "s", "src_addr", "source name or address (sets FI_SOURCE)")
+	str(&o.node, "n", "node", "dest node name or address")
+	str(&o.port, "P", "port", "port number")
+	str(&o.caps, "c", "caps", "one or more capabilities: FI_MSG|FI_RMA...")
+	str(&o.mode, "m", "mode", "one or more modes, default all modes")
+	str(&o.epType, "t", "ep_type", "endpoint type: FI_EP_MSG, FI_EP_DGRAM, FI_EP_RDM...")
+	str(&o.domain, "d", "domain", "domain name")
+	str(&o.fabricName, "f", "fabric", "fabric name")
+	str(&o.addrFormat, "a", "addr_format", "address format: FI_FORMAT_UNSPEC, FI_SOCKADDR...")
+	str(&o.prov, "p", "provider", "provider, e.g. shm, tcp, \"tcp;ofi_rxm\", efa")
+	boolean(&o.env, "e", "env", "print libfabric environment variables")
+	str(&o.getenv, "g", "getenv", "print libfabric environment variables with substr")
+	boolean(&o.list, "l", "list", "list available libfabric providers")
+	boolean(&o.verbose, "v", "verbose", "verbose output (fi_tostr of every fi_info)")
+	fs.BoolVar(&o.version, "version", false, "print version info and exit")
+	fs.BoolVar(&o.asJSON, "json", false, "print everything as JSON (docs/info-json.md)")
 	fs.Usage = defaultUsage(fs, "[flags]  (the flags of fi_info, same meaning)")
+	return fs, o
+}
+
+func runInfo(args []string, stdout, stderr io.Writer) int {
+	fs, o := infoFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -57,13 +66,13 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	// it was given.
 	var filter bool
 	fs.Visit(func(f *flag.Flag) { filter = filter || f.Name == "g" || f.Name == "getenv" })
-	env = env || filter
-	if env && asJSON {
+	o.env = o.env || filter
+	if o.env && o.asJSON {
 		fmt.Fprintln(stderr, "fitransfer info: --json does not include libfabric's variables; use -e or -g without --json")
 		return exitUsage
 	}
 	vers := fabric.CurrentVersions()
-	if version {
+	if o.version {
 		fmt.Fprintf(stdout, "fitransfer: %s\nlibfabric: %s\nlibfabric api: %s\n", buildVersion(), vers.Library, vers.Compiled)
 		fmt.Fprintf(stdout, "negotiated api: %s (older of compiled %s and runtime %s)\n", vers.API, vers.Compiled, vers.Runtime)
 		fmt.Fprintf(stdout, "compiled in: %s\n", fabric.CompiledFeatures())
@@ -79,74 +88,74 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fitransfer info: %v\n", err)
 		return exitUsage
 	}
-	if caps != "" {
-		c, err := fabric.ParseCaps(caps)
+	if o.caps != "" {
+		c, err := fabric.ParseCaps(o.caps)
 		if err != nil {
 			return bad(err)
 		}
 		h.Caps, hints = c, h
 	}
-	if mode != "" {
-		m, err := fabric.ParseMode(mode)
+	if o.mode != "" {
+		m, err := fabric.ParseMode(o.mode)
 		if err != nil {
 			return bad(err)
 		}
 		h.Mode, hints = m, h
 	}
-	if epType != "" {
-		t, err := fabric.ParseEPType(epType)
+	if o.epType != "" {
+		t, err := fabric.ParseEPType(o.epType)
 		if err != nil {
 			return bad(err)
 		}
 		h.EP.Type, hints = t, h
 	}
-	if addrFormat != "" {
-		a, err := fabric.ParseAddrFormat(addrFormat)
+	if o.addrFormat != "" {
+		a, err := fabric.ParseAddrFormat(o.addrFormat)
 		if err != nil {
 			return bad(err)
 		}
 		h.AddrFormat, hints = a, h
 	}
-	if prov != "" {
-		if err := checkProviderName(prov); err != nil {
+	if o.prov != "" {
+		if err := checkProviderName(o.prov); err != nil {
 			return bad(err)
 		}
-		h.Fabric.ProvName, hints = prov, h
+		h.Fabric.ProvName, hints = o.prov, h
 	}
-	if domain != "" {
-		h.Domain.Name, hints = domain, h
+	if o.domain != "" {
+		h.Domain.Name, hints = o.domain, h
 	}
-	if fabricName != "" {
-		h.Fabric.Name, hints = fabricName, h
+	if o.fabricName != "" {
+		h.Fabric.Name, hints = o.fabricName, h
 	}
-	q := fabric.Query{Hints: hints, Node: node, Service: port, ProvidersOnly: list}
-	if src != "" {
-		q.Node, q.Source = src, true
+	q := fabric.Query{Hints: hints, Node: o.node, Service: o.port, ProvidersOnly: o.list}
+	if o.src != "" {
+		q.Node, q.Source = o.src, true
 	}
 	infos, err := fabric.GetInfo(q)
 	if err != nil {
-		fmt.Fprintf(stderr, "fitransfer info: %v%s\n", err, noDataHint(err, prov))
+		fmt.Fprintf(stderr, "fitransfer info: %v%s\n", err, noDataHint(err, o.prov))
 		return exitFail
 	}
 	switch {
-	case env:
+	case o.env:
 		// fi_info prints the variables only after its query succeeded, so
 		// -e with filters no provider matches fails as the query does.
 		var params []fabric.Param
 		if params, err = fabric.Params(); err == nil {
-			err = writeParams(stdout, params, filter, getenv)
+			err = writeParams(stdout, params, filter, o.getenv)
 		}
-	case asJSON:
+	case o.asJSON:
 		r := fabric.Report{Libfabric: vers}
-		if list {
+		if o.list {
 			r.Providers = fabric.ProvidersOf(infos)
 		} else {
 			r.Infos = infos
 		}
 		err = fabric.WriteJSON(stdout, r)
-	case verbose:
+	case o.verbose:
 		err = fabric.WriteVerbose(stdout, infos)
-	case list:
+	case o.list:
 		err = fabric.WriteProviders(stdout, infos)
 	default:
 		err = fabric.WriteSummary(stdout, infos)

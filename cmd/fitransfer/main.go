@@ -20,6 +20,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/fitransfer/fitransfer/bootstrap"
 )
 
 // exit statuses shared by every command.
@@ -33,19 +35,35 @@ type command struct {
 	name    string
 	summary string
 	run     func(args []string, stdout, stderr io.Writer) int
+	// flags builds the command's flag set without running it (the
+	// README's synopsis is tested against it).
+	flags func() *flag.FlagSet
 }
 
 func commands() []command {
 	return []command{
-		{"info", "list what libfabric's providers offer, as fi_info does (--json for all of it)", runInfo},
-		{"doctor", "check that transfers can work on this machine, with a fix for each problem", runDoctor},
-		{"serve", "register a buffer and answer clients (read, write, pingpong) until interrupted", runServe},
-		{"read", "measure RMA reads from a server: fabtests' columns, -S -I -w -W -v", runRead},
-		{"write", "measure RMA writes to a server (delivery complete unless --transmit-complete)", runWrite},
-		{"pingpong", "measure RMA write ping-pong latency with a server (as ib_write_lat)", runPingPong},
-		{"bench", "local server and client over every usable provider, one table (--compare: next to the peer tools)", runBench},
-		{"hint", "explain an error number (an efa prov_errno with -p efa, or an fi_errno) and its fix", runHint},
+		{"info", "list what libfabric's providers offer, as fi_info does (--json for all of it)", runInfo, flagSet(infoFlags)},
+		{"doctor", "check that transfers can work on this machine, with a fix for each problem", runDoctor, flagSet(doctorFlags)},
+		{"serve", "register a buffer and answer clients (read, write, pingpong) until interrupted", runServe, flagSet(serveFlags)},
+		{"read", "measure RMA reads from a server: fabtests' columns, -S -I -w -W -v", runRead, testFlagsOf("read", bootstrap.ModeRead)},
+		{"write", "measure RMA writes to a server (delivery complete unless --transmit-complete)", runWrite, testFlagsOf("write", bootstrap.ModeWrite)},
+		{"pingpong", "measure RMA write ping-pong latency with a server (as ib_write_lat)", runPingPong, testFlagsOf("pingpong", bootstrap.ModePingPong)},
+		{"bench", "local server and client over every usable provider, one table (--compare: next to the peer tools)", runBench, flagSet(benchFlags)},
+		{"hint", "explain an error number (an efa prov_errno with -p efa, or an fi_errno) and its fix", runHint, flagSet(hintFlags)},
 	}
+}
+
+// flagSet keeps the flag set of a command's flag constructor.
+func flagSet[T any](build func() (*flag.FlagSet, T)) func() *flag.FlagSet {
+	return func() *flag.FlagSet {
+		fs, _ := build()
+		return fs
+	}
+}
+
+// testFlagsOf is the flag constructor of read, write or pingpong.
+func testFlagsOf(name, mode string) func() *flag.FlagSet {
+	return flagSet(func() (*flag.FlagSet, *testFlags) { return testFlagSet(name, mode) })
 }
 
 func main() {

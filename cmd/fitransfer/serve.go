@@ -14,42 +14,63 @@ import (
 	"github.com/fitransfer/fitransfer/perftest"
 )
 
-func runServe(args []string, stdout, stderr io.Writer) int {
+// serveOptions are serve's flags.
+type serveOptions struct {
+	manager     managerFlags
+	listen      string
+	size        string
+	once        bool
+	idle        time.Duration
+	hello       time.Duration
+	maxSessions int
+	maxMemory   string
+	token       string
+	asJSON      bool
+}
+
+// serveFlags is serve's flag set and the options it fills.
+func serveFlags() (*flag.FlagSet, *serveOptions) {
 	fs := flag.NewFlagSet("fitransfer serve", flag.ContinueOnError)
-	var mf managerFlags
+	o := &serveOptions{}
 	// A server that spins takes a core from clients on the same host, and
 	// needs not: shm's single-copy ops do not involve it, and tcp wakes
 	// its fi_cq_sread on traffic.
-	mf.register(fs, "adaptive")
-	listen := fs.String("listen", net.JoinHostPort("", strconv.Itoa(bootstrap.DefaultPort)), "bootstrap TCP address (host:port; port 0 picks one)")
-	sizeStr := fs.String("size", "64m", "bytes of each session's buffer (largest transfer; pingpong needs twice its size)")
-	once := fs.Bool("once", false, "serve one client, then exit")
-	idle := fs.Duration("idle-timeout", 10*time.Minute, "end a session after this long without a message from its client")
-	hello := fs.Duration("hello-timeout", perftest.DefaultHelloTimeout, "drop a client that has not said hello (or answered the challenge) within this long")
-	maxSessions := fs.Int("max-sessions", perftest.DefaultMaxSessions, "sessions at once; a client beyond is told the server is busy (0: no limit)")
-	maxMemStr := fs.String("max-memory", "1g", "bytes of all session buffers at once; a client beyond is told the server is busy (0: no limit)")
-	token := fs.String("token", "", "shared secret clients must prove they hold (default $FITRANSFER_TOKEN); without it, any client is served")
-	asJSON := fs.Bool("json", false, "print the listening address and handle as JSON")
+	o.manager.register(fs, "adaptive")
+	fs.StringVar(&o.listen, "listen", net.JoinHostPort("", strconv.Itoa(bootstrap.DefaultPort)), "bootstrap TCP address (host:port; port 0 picks one)")
+	fs.StringVar(&o.size, "size", "64m", "bytes of each session's buffer (largest transfer; pingpong needs twice its size)")
+	fs.BoolVar(&o.once, "once", false, "serve one client, then exit")
+	fs.DurationVar(&o.idle, "idle-timeout", 10*time.Minute, "end a session after this long without a message from its client")
+	fs.DurationVar(&o.hello, "hello-timeout", perftest.DefaultHelloTimeout, "drop a client that has not said hello (or answered the challenge) within this long")
+	fs.IntVar(&o.maxSessions, "max-sessions", perftest.DefaultMaxSessions, "sessions at once; a client beyond is told the server is busy (0: no limit)")
+	fs.StringVar(&o.maxMemory, "max-memory", "1g", "bytes of all session buffers at once; a client beyond is told the server is busy (0: no limit)")
+	fs.StringVar(&o.token, "token", "", "shared secret clients must prove they hold (default $FITRANSFER_TOKEN); without it, any client is served")
+	fs.BoolVar(&o.asJSON, "json", false, "print the listening address and handle as JSON")
 	fs.Usage = defaultUsage(fs, "[flags]")
+	return fs, o
+}
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs, o := serveFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
 	}
-	size, err := perftest.ParseSize(*sizeStr)
+	mf := &o.manager
+	size, err := perftest.ParseSize(o.size)
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--size: %w", err)})
 	}
-	maxMem, err := perftest.ParseSize(*maxMemStr)
+	maxMem, err := perftest.ParseSize(o.maxMemory)
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--max-memory: %w", err)})
 	}
-	if *token == "" {
-		*token = os.Getenv(tokenEnv)
+	if o.token == "" {
+		o.token = os.Getenv(tokenEnv)
 	}
 	derived := false
 	if mf.source == "" {
 		// Data follows control: a server told to listen on one address
 		// sends its RMA traffic through that address's interface too.
-		if host, _, err := net.SplitHostPort(*listen); err == nil && !wildcardHost(host) {
+		if host, _, err := net.SplitHostPort(o.listen); err == nil && !wildcardHost(host) {
 			mf.source, derived = host, true
 		}
 	}
@@ -69,8 +90,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	defer m.Close()
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "fitransfer serve: "+format+"\n", a...) }
 	infof := func(format string, a ...any) { fmt.Fprintf(stdout, format+"\n", a...) }
-	srv, err := perftest.Listen(m, *listen, perftest.ServerConfig{Size: size, Idle: *idle, Hello: *hello,
-		MaxSessions: *maxSessions, MaxMemory: maxMem, Token: *token}, logf, infof)
+	srv, err := perftest.Listen(m, o.listen, perftest.ServerConfig{Size: size, Idle: o.idle, Hello: o.hello,
+		MaxSessions: o.maxSessions, MaxMemory: maxMem, Token: o.token}, logf, infof)
 	if err != nil {
 		return fail(stderr, "serve", err)
 	}
@@ -83,7 +104,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	for _, b := range m.Backends() {
 		backends = append(backends, b.Provider)
 	}
-	if *asJSON {
+	if o.asJSON {
 		_ = writeJSON(stdout, map[string]any{"listen": srv.Addr().String(), "handle": h, "size": size, "backends": backends})
 	} else {
 		fmt.Fprintf(stdout, "listening on %s (%d-byte buffers over %v)\n", srv.Addr(), size, backends)
@@ -92,7 +113,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if f, ok := stdout.(interface{ Sync() error }); ok {
 		_ = f.Sync()
 	}
-	if err := srv.Serve(ctx, *once); err != nil && ctx.Err() == nil {
+	if err := srv.Serve(ctx, o.once); err != nil && ctx.Err() == nil {
 		return fail(stderr, "serve", err)
 	}
 	return exitOK

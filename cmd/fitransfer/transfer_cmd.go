@@ -59,13 +59,20 @@ func runPingPong(args []string, stdout, stderr io.Writer) int {
 	return runTest("pingpong", bootstrap.ModePingPong, args, stdout, stderr)
 }
 
+// testFlagSet is the flag set of read, write or pingpong (name; mode is
+// its bootstrap mode) and the flags it fills.
+func testFlagSet(name, mode string) (*flag.FlagSet, *testFlags) {
+	fs := flag.NewFlagSet("fitransfer "+name, flag.ContinueOnError)
+	f := &testFlags{}
+	f.register(fs, mode != bootstrap.ModePingPong)
+	fs.Usage = defaultUsage(fs, "HOST[:PORT] [flags]")
+	return fs, f
+}
+
 // runTest is read, write and pingpong: connect to HOST[:PORT], measure,
 // print fabtests' columns.
 func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fitransfer "+name, flag.ContinueOnError)
-	var f testFlags
-	f.register(fs, mode != bootstrap.ModePingPong)
-	fs.Usage = defaultUsage(fs, "HOST[:PORT] [flags]")
+	fs, f := testFlagSet(name, mode)
 	pos, code, ok := parseArgs(fs, args, stdout, stderr)
 	if !ok {
 		return code

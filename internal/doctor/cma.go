@@ -12,9 +12,10 @@ import (
 	"os/exec"
 	"strings"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/mr"
 )
 
 // cmaChildEnv marks a process started as the target of the CMA probe.
@@ -37,7 +38,7 @@ func MaybeRunCMAChild() (handled bool, code int) {
 		fmt.Println("error", err)
 		return true, 1
 	}
-	fmt.Printf("%d %d\n", os.Getpid(), uintptr(unsafe.Pointer(&page[0])))
+	fmt.Printf("%d %d\n", os.Getpid(), mr.Addr(page))
 	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
 	if err != nil {
 		return true, 1

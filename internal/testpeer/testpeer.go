@@ -28,7 +28,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -144,7 +143,7 @@ func child(in io.Reader, out io.Writer) int {
 		}
 		bufs, mems = append(bufs, b), append(mems, mem)
 		h, err := b.Remote().MarshalBinary()
-		return h, uint64(uintptr(unsafe.Pointer(&mem[0]))), err
+		return h, uint64(mr.Addr(mem)), err
 	}
 	_ = enc.Encode(reply{Pid: os.Getpid()})
 	sc := bufio.NewScanner(in)
