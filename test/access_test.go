@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -25,6 +26,7 @@ func TestAccessRights(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			readOnly := owner.Register(n, mr.RemoteRead, 1)
@@ -67,6 +69,7 @@ func TestClosedBufferIsUnreachable(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			h := owner.Register(n, mr.ReadWrite, 1)
@@ -101,6 +104,7 @@ func isConnectionError(err error) bool {
 func TestKeysAreRandom(t *testing.T) {
 	for _, prov := range []string{"shm", "tcp;ofi_rxm"} {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			mem, err := mr.Alloc(4096)
 			require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -25,6 +26,7 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 	for _, prov := range providers {
 		for _, op := range []string{"read", "write"} {
 			t.Run(prov+"/"+op, func(t *testing.T) {
+				testenv.RequireRoute(t, prov)
 				owner := testpeer.Start(t, prov)
 				h := owner.Register(big, mr.ReadWrite, 3)
 				m, err := transport.New(context.Background(), transport.WithProviders(prov), transport.WithTimeout(time.Second))

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -54,6 +55,7 @@ func TestAlteredHandles(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			target := owner.Register(n, mr.ReadWrite, 1)

@@ -29,9 +29,7 @@ type hosts struct {
 // newHosts builds the namespaces (root only) and removes them at the end.
 func newHosts(t *testing.T) *hosts {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns add); run make test as root")
-	}
+	testenv.RequireRoot(t) // ip netns add
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Fatalf("ip (iproute2) not found: run `make deps`")
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -37,6 +37,7 @@ func TestReadWriteBetweenProcesses(t *testing.T) {
 	}
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			for i, sz := range sizes {
@@ -171,6 +172,7 @@ func TestRouting(t *testing.T) {
 func TestConcurrentDisjointSlices(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const workers, per = 16, 64 << 10
@@ -221,6 +223,7 @@ func TestConcurrentDisjointSlices(t *testing.T) {
 func TestActionOf100Ops(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const ops, per = 100, 3000
@@ -275,6 +278,7 @@ func TestActionConflicts(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			remote := peer.Register(8192, mr.ReadWrite, 3)
@@ -315,6 +319,7 @@ func TestBadInput(t *testing.T) {
 func TestTamperedKeyIsAnError(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
 			peer := testpeer.Start(t, prov)
 			remote := peer.Register(4096, mr.ReadWrite, 4)
@@ -342,6 +347,7 @@ func TestTamperedKeyIsAnError(t *testing.T) {
 func TestRemoteCloseFailsLaterTransfers(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
 			peer := testpeer.Start(t, prov)
 			remote := peer.Register(4096, mr.ReadWrite, 4)
@@ -363,6 +369,7 @@ func TestRemoteCloseFailsLaterTransfers(t *testing.T) {
 func TestOwnerKilledMidTransfer(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			victim := testpeer.Start(t, prov)
 			survivor := testpeer.Start(t, prov)
@@ -442,6 +449,7 @@ func TestManagerClose(t *testing.T) {
 func TestWriteIsVisibleAtReturn(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const n = 256 << 10
@@ -472,6 +480,7 @@ func TestWriteIsVisibleAtReturn(t *testing.T) {
 func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const n = 64 << 10
@@ -509,6 +518,7 @@ func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
 func TestStoppedOwnerTimesOut(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(500*time.Millisecond))
 			peer := testpeer.Start(t, prov)
 			remote := peer.Register(1<<20, mr.ReadWrite, 1)
@@ -547,10 +557,7 @@ func TestStoppedOwnerTimesOut(t *testing.T) {
 // complete until it continues (tcp: a delivery-complete write needs the
 // owner's answer; the single-copy paths need no owner).
 func TestCloseWaitsForOpsInFlight(t *testing.T) {
-	prov := "tcp;ofi_rxm"
-	if !slices.Contains(providers, prov) {
-		t.Skip("needs tcp;ofi_rxm")
-	}
+	prov := testenv.RouteTCP
 	for _, tc := range []struct {
 		name    string
 		timeout time.Duration // the manager's: how long Close waits
@@ -641,9 +648,7 @@ func TestActionAllowOverlap(t *testing.T) {
 // across batch boundaries, two remote buffers of one owner, and large ops
 // (which go alone) in between.
 func TestCMABatches(t *testing.T) {
-	if ok, why := transport.CMAAvailable(); !ok {
-		t.Skip("cma is not available here: " + why)
-	}
+	testenv.RequireCMA(t)
 	m := newManager(t, transport.WithProviders("cma"))
 	peer := testpeer.Start(t, "cma")
 	const nops = 700 // more than one batch
