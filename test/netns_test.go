@@ -181,3 +181,20 @@ func runCmd(name string, args ...string) error {
 	}
 	return nil
 }
+
+// linkBytes is the bytes the interface dev of namespace ns has received
+// and sent.
+func linkBytes(t *testing.T, ns, dev string) uint64 {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev).Output()
+	require.NoError(t, err, "ip -n %s -s link show dev %s", ns, dev)
+	var links []struct {
+		Stats struct {
+			RX struct{ Bytes uint64 } `json:"rx"`
+			TX struct{ Bytes uint64 } `json:"tx"`
+		} `json:"stats64"`
+	}
+	require.NoError(t, json.Unmarshal(out, &links))
+	require.Len(t, links, 1)
+	return links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes
+}
