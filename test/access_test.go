@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -25,6 +26,7 @@ func TestAccessRights(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			readOnly := owner.Register(n, mr.RemoteRead, 1)
@@ -62,14 +64,17 @@ func TestAccessRights(t *testing.T) {
 }
 
 // TestClosedBufferIsUnreachable: after the owner closes a buffer, peers'
-// reads and writes fail and its memory does not change.
+// reads and writes fail and its memory does not change; the owner's other
+// buffers stay reachable.
 func TestClosedBufferIsUnreachable(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			h := owner.Register(n, mr.ReadWrite, 1)
+			other := owner.Register(n, mr.ReadWrite, 2)
 			local, mem := register(t, m, n, mr.ReadWrite)
 			require.NoError(t, m.ReadInto(context.Background(), local, h))
 			owner.CloseBuf(0)
@@ -85,6 +90,10 @@ func TestClosedBufferIsUnreachable(t *testing.T) {
 			}, 20*time.Second, 50*time.Millisecond)
 			t.Logf("read: %v", err)
 			assert.Equal(t, testpeer.Sum(testpeer.Pattern(n, 9)), testpeer.Sum(mem), "a closed buffer was read")
+
+			require.Eventually(t, func() bool { return m.ReadInto(context.Background(), local, other) == nil },
+				20*time.Second, 50*time.Millisecond, "the owner's other buffer stays reachable")
+			assert.Equal(t, testpeer.Pattern(n, 2), mem)
 		})
 	}
 }

@@ -2,38 +2,31 @@ package test
 
 import (
 	"context"
-	"os"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
-// allRoutes are the routes this machine has: memcpy (the owner is the
-// test's own manager), then the providers a child owner and the test
-// force on both ends.
+// allRoutes are every route: memcpy (the owner is the test's own
+// manager), then the providers a child owner and the test force on both
+// ends.
 var allRoutes = append([]string{"memcpy"}, providers...)
 
-const tcp = "tcp;ofi_rxm"
+const tcp = testenv.RouteTCP
 
-// requireRoutes skips a test for routes this machine lacks, except under
-// CI=true, whose machine must have them all: there a skip would hide that
-// the test never runs.
+// requireRoutes needs the routes of want on this machine: a missing one
+// skips the test, or fails it under CI=true (testenv.RequireRoute).
 func requireRoutes(t *testing.T, want ...string) {
 	t.Helper()
 	for _, r := range want {
-		if !slices.Contains(allRoutes, r) {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("route %s is not available here (CMAAvailable, providers %v): this test will never execute on CI", r, providers)
-			}
-			t.Skipf("route %s is not available here", r)
-		}
+		testenv.RequireRoute(t, r)
 	}
 }
 

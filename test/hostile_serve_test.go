@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/perftest"
 	"github.com/fitransfer/fitransfer/transport"
@@ -188,11 +189,9 @@ func TestServeIsNoConfusedDeputy(t *testing.T) {
 // held serve's shm region lock once left serve's shm endpoint spinning
 // inside libfabric, and every later registration, on every route, failed.)
 func TestServeOutlivesDyingClients(t *testing.T) {
+	testenv.RequireCMA(t)
 	addr := startLocalServer(t, "--size", "64m")
-	routes := []string{"shm", "tcp"}
-	if ok, _ := transport.CMAAvailable(); ok {
-		routes = append(routes, "cma")
-	}
+	routes := []string{"shm", "tcp", "cma"}
 	for _, victim := range routes {
 		for _, op := range []string{"read", "write"} {
 			cmd := exec.Command(fitransferBin, op, addr, "-p", victim, "-S", "64m", "-I", "1000000")

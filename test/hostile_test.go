@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
@@ -47,13 +48,15 @@ func num(v any) uint64 {
 func set(m map[string]any, k string, v uint64) { m[k] = json.Number(strconv.FormatUint(v, 10)) }
 
 // TestAlteredHandles: handles whose length, offset, key or address were
-// altered are refused or fail with an error, and nothing is written
-// outside the registered region: the owner's neighbouring buffer, which
-// an altered address points into, keeps its bytes.
+// altered are refused or fail with an error, and nothing moves: a read
+// brings no byte into the local buffer, and nothing is written outside the
+// registered region: the owner's neighbouring buffer, which an altered
+// address points into, keeps its bytes.
 func TestAlteredHandles(t *testing.T) {
 	const n = 64 << 10
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			target := owner.Register(n, mr.ReadWrite, 1)
@@ -122,11 +125,13 @@ func TestAlteredHandles(t *testing.T) {
 					l, _ := local.Slice(0, min(bad.Len(), 2*n))
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					defer cancel()
+					testpeer.Fill(mem, 3) // the good read above brought the target's bytes
 					rerr := m.ReadInto(ctx, l, bad)
-					werr := m.WriteFrom(ctx, bad, l)
 					t.Logf("read: %v", rerr)
-					t.Logf("write: %v", werr)
 					assert.Error(t, rerr, "read with an altered %s", name)
+					assert.Equal(t, testpeer.Sum(testpeer.Pattern(2*n, 3)), testpeer.Sum(mem), "the failed read brought bytes")
+					werr := m.WriteFrom(ctx, bad, l)
+					t.Logf("write: %v", werr)
 					assert.Error(t, werr, "write with an altered %s", name)
 					assert.Equal(t, wantNeighbour, owner.Sum(1, 0, n), "the neighbouring buffer was written")
 					assert.Equal(t, wantTarget, owner.Sum(0, 0, n), "the target changed")

@@ -67,6 +67,7 @@ const (
 // worker behind). Nil from an op whose context had ended before it
 // started is counted per route, not checked: no promise covers it yet.
 func TestIntegrity(t *testing.T) {
+	requireRoutes(t, providers...) // a manager and the owners open every route
 	setup := time.Now()
 	seed := integritySeed(t)
 	t.Logf("seed %d (replay the choices with TEST_SEED=%d; timing is not replayed)", seed, seed)

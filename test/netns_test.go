@@ -29,9 +29,7 @@ type hosts struct {
 // newHosts builds the namespaces (root only) and removes them at the end.
 func newHosts(t *testing.T) *hosts {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns add); run make test as root")
-	}
+	testenv.RequireRoot(t) // ip netns add
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Fatalf("ip (iproute2) not found: run `make deps`")
 	}
@@ -182,4 +180,21 @@ func runCmd(name string, args ...string) error {
 		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
 	return nil
+}
+
+// linkBytes is the bytes the interface dev of namespace ns has received
+// and sent.
+func linkBytes(t *testing.T, ns, dev string) uint64 {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev).Output()
+	require.NoError(t, err, "ip -n %s -s link show dev %s", ns, dev)
+	var links []struct {
+		Stats struct {
+			RX struct{ Bytes uint64 } `json:"rx"`
+			TX struct{ Bytes uint64 } `json:"tx"`
+		} `json:"stats64"`
+	}
+	require.NoError(t, json.Unmarshal(out, &links))
+	require.Len(t, links, 1)
+	return links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes
 }

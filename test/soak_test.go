@@ -48,6 +48,7 @@ const (
 // figures of this process and of the peers are taken after it and at the
 // end: what leaks grows with the work, a warm-up does not.
 func TestSoak(t *testing.T) {
+	requireRoutes(t, providers...)
 	type side struct {
 		prov    string
 		m       *transport.Manager

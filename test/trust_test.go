@@ -33,6 +33,7 @@ func TestNoConfusedDeputy(t *testing.T) {
 	const n = 4096
 	for _, prov := range sameNodeProviders() {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			peer := testpeer.Start(t, prov)
 			foreign := peer.Register(n, mr.ReadWrite, 7)
@@ -110,6 +111,7 @@ func TestPlantedGuardInOwner(t *testing.T) {
 	const n = 4096
 	for _, prov := range sameNodeProviders() {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(5*time.Second))
 			owner := testpeer.Start(t, prov)
 			writable := owner.Register(n, mr.ReadWrite, 1)
@@ -208,13 +210,5 @@ func errorIsOneOf(err error, targets ...error) bool {
 	return false
 }
 
-// sameNodeProviders are the same-node routes of this build.
-func sameNodeProviders() []string {
-	var out []string
-	for _, p := range providers {
-		if p == "cma" || p == "shm" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+// sameNodeProviders are the same-node routes.
+func sameNodeProviders() []string { return []string{testenv.RouteCMA, testenv.RouteSHM} }

@@ -20,8 +20,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// providers are the backends the tests force, each in turn.
-var providers = testpeer.Providers()
+// providers are the routes the tests force, each in turn; a subtest
+// calls testenv.RequireRoute first.
+var providers = testenv.Routes()
 
 func alloc(t testing.TB, n int) []byte {
 	t.Helper()

@@ -3,9 +3,7 @@ package transport_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -37,6 +36,7 @@ func TestReadWriteBetweenProcesses(t *testing.T) {
 	}
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			for i, sz := range sizes {
@@ -171,6 +171,7 @@ func TestRouting(t *testing.T) {
 func TestConcurrentDisjointSlices(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const workers, per = 16, 64 << 10
@@ -221,6 +222,7 @@ func TestConcurrentDisjointSlices(t *testing.T) {
 func TestActionOf100Ops(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const ops, per = 100, 3000
@@ -275,6 +277,7 @@ func TestActionConflicts(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			remote := peer.Register(8192, mr.ReadWrite, 3)
@@ -312,116 +315,6 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestTamperedKeyIsAnError(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
-			peer := testpeer.Start(t, prov)
-			remote := peer.Register(4096, mr.ReadWrite, 4)
-			mem := alloc(t, 4096)
-			local := register(t, m, mem, 0)
-			ctx := ctxTimeout(t, 30*time.Second)
-
-			bad := tamperKey(t, remote)
-			err := m.ReadInto(ctx, local, bad)
-			require.Error(t, err, "a read with an altered key must fail")
-			t.Logf("read: %v", err)
-			assert.True(t, allZero(mem), "nothing may arrive with a bad key")
-			err = m.WriteFrom(ctx, bad, local)
-			require.Error(t, err, "a write with an altered key must fail")
-			t.Logf("write: %v", err)
-			assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 4)), peer.Sum(0, 0, 4096), "the peer's memory must not change")
-
-			// Transfers with the good handle still work afterwards.
-			require.Eventually(t, func() bool { return m.ReadInto(ctx, local, remote) == nil }, 10*time.Second, 50*time.Millisecond)
-			assert.Equal(t, testpeer.Pattern(4096, 4), mem)
-		})
-	}
-}
-
-func TestRemoteCloseFailsLaterTransfers(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(10*time.Second))
-			peer := testpeer.Start(t, prov)
-			remote := peer.Register(4096, mr.ReadWrite, 4)
-			other := peer.Register(4096, mr.ReadWrite, 5)
-			local := register(t, m, alloc(t, 4096), 0)
-			ctx := ctxTimeout(t, 30*time.Second)
-			require.NoError(t, m.ReadInto(ctx, local, remote))
-			peer.CloseBuf(0)
-			err := m.ReadInto(ctx, local, remote)
-			require.Error(t, err)
-			t.Logf("after close: %v", err)
-			err = m.WriteFrom(ctx, remote, local)
-			require.Error(t, err)
-			require.Eventually(t, func() bool { return m.ReadInto(ctx, local, other) == nil }, 10*time.Second, 50*time.Millisecond)
-		})
-	}
-}
-
-func TestOwnerKilledMidTransfer(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov))
-			victim := testpeer.Start(t, prov)
-			survivor := testpeer.Start(t, prov)
-			const n = 256 << 20
-			big := victim.Register(n, mr.ReadWrite, 1)
-			small := survivor.Register(4096, mr.ReadWrite, 2)
-			mem := alloc(t, n)
-			local := register(t, m, mem, 0)
-
-			errc := make(chan error, 1)
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			start := time.Now()
-			go func() {
-				var err error
-				for i := 0; i < 20 && err == nil; i++ {
-					if i%2 == 0 {
-						err = m.ReadInto(ctx, local, big)
-					} else {
-						err = m.WriteFrom(ctx, big, local)
-					}
-				}
-				errc <- err
-			}()
-			time.Sleep(50 * time.Millisecond)
-			victim.Kill()
-			var err error
-			select {
-			case err = <-errc:
-			case <-time.After(30 * time.Second):
-				t.Fatal("transfer did not return after the owner was killed")
-			}
-			require.Error(t, err)
-			t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
-			var te *transport.TransferError
-			require.ErrorAs(t, err, &te)
-			assert.ErrorIs(t, err, transport.ErrPeerGone)
-			assert.Less(t, time.Since(start), 5*time.Second, "known well before the 15 s deadline")
-
-			// The manager still works with the other peer — except over
-			// shm when ops to the dead owner were left in flight: shm
-			// completes an endpoint's ops in order, so the manager must
-			// say at once that its shm endpoint is blocked, and a new
-			// manager works.
-			l4k, _ := local.Slice(0, 4096)
-			err = m.ReadInto(ctxTimeout(t, 20*time.Second), l4k, small)
-			if prov == "shm" && errors.Is(err, transport.ErrEndpointBlocked) {
-				t.Logf("shm: %v", err)
-				m = newManager(t, transport.WithProviders(prov))
-				local = register(t, m, alloc(t, 4096), 0)
-				l4k = local
-				err = m.ReadInto(ctxTimeout(t, 20*time.Second), l4k, small)
-			}
-			require.NoError(t, err)
-			assert.Equal(t, testpeer.Pattern(4096, 2), l4k.Bytes())
-		})
-	}
-}
-
 func TestManagerClose(t *testing.T) {
 	m, err := transport.New(context.Background())
 	require.NoError(t, err)
@@ -442,6 +335,7 @@ func TestManagerClose(t *testing.T) {
 func TestWriteIsVisibleAtReturn(t *testing.T) {
 	for _, prov := range providers {
 		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
 			m := newManager(t, transport.WithProviders(prov))
 			peer := testpeer.Start(t, prov)
 			const n = 256 << 10
@@ -466,146 +360,43 @@ func TestWriteIsVisibleAtReturn(t *testing.T) {
 	}
 }
 
-// TestWriteDeliveryWithStoppedOwner stops the owner (SIGSTOP) so that it
-// cannot progress, and checks that WriteFrom never returns while the bytes
-// are not yet in the owner's memory.
-func TestWriteDeliveryWithStoppedOwner(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov))
-			peer := testpeer.Start(t, prov)
-			const n = 64 << 10
-			remote := peer.Register(n, mr.ReadWrite, 1)
-			mem := alloc(t, n)
-			local := register(t, m, mem, 0)
-			ctx := ctxTimeout(t, time.Minute)
-			require.NoError(t, m.WriteFrom(ctx, remote, local)) // connected
-			testpeer.Fill(mem, 77)
-			visible := func() bool {
-				got := make([]byte, n)
-				nr, err := unix.ProcessVMReadv(peer.Pid, []unix.Iovec{{Base: &got[0], Len: n}},
-					[]unix.RemoteIovec{{Base: uintptr(peer.Addr(0)), Len: n}}, 0)
-				return err == nil && nr == n && bytes.Equal(got, mem)
-			}
-			peer.Stop()
-			done := make(chan error, 1)
-			go func() { done <- m.WriteFrom(ctx, remote, local) }()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-				require.True(t, visible(), "WriteFrom returned while the stopped owner's memory lacks the bytes")
-				t.Logf("%s: write completed with the owner stopped (single-copy path), bytes visible", prov)
-			case <-time.After(300 * time.Millisecond):
-				peer.Continue()
-				require.NoError(t, <-done)
-				require.True(t, visible())
-				t.Logf("%s: write waited for the stopped owner", prov)
-			}
-			peer.Continue()
-		})
-	}
-}
-
-func TestStoppedOwnerTimesOut(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(500*time.Millisecond))
-			peer := testpeer.Start(t, prov)
-			remote := peer.Register(1<<20, mr.ReadWrite, 1)
-			mem := alloc(t, 1<<20)
-			local := register(t, m, mem, 0)
-			require.NoError(t, m.WriteFrom(context.Background(), remote, local))
-			peer.Stop()
-			defer peer.Continue()
-			start := time.Now()
-			// No deadline in the context: the manager's default applies.
-			err := m.WriteFrom(context.Background(), remote, local)
-			took := time.Since(start)
-			if err == nil {
-				// Single-copy paths (cma, shm's) do not need the owner to run.
-				require.Contains(t, []string{"cma", "shm"}, prov)
-				return
-			}
-			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
-			assert.ErrorIs(t, err, context.DeadlineExceeded)
-			var to *progress.TimeoutError
-			require.ErrorAs(t, err, &to)
-			assert.Equal(t, 1, to.Total)
-			assert.Less(t, took, 5*time.Second)
-			peer.Continue()
-			require.Eventually(t, func() bool { return m.WriteFrom(ctxTimeout(t, 5*time.Second), remote, local) == nil },
-				20*time.Second, 100*time.Millisecond, "a new transfer works after SIGCONT")
-		})
-	}
-}
-
 // TestCloseWaitsForOpsInFlight: a transfer that ended by its context can
 // leave ops with the provider, which still use the local memory. Close
 // must not return nil (the caller then frees the memory) until they are
-// done: it waits for them, and says so with an *InUseError when they
-// outlast the manager's timeout. The owner is stopped, so the ops cannot
+// done: it waits for them. The owner is stopped, so that the ops cannot
 // complete until it continues (tcp: a delivery-complete write needs the
-// owner's answer; the single-copy paths need no owner).
+// owner's answer). test/TestCloseWithOpsInFlight has the other end of
+// the wait: ops that outlast the manager's timeout, on every route.
 func TestCloseWaitsForOpsInFlight(t *testing.T) {
-	prov := "tcp;ofi_rxm"
-	if !slices.Contains(providers, prov) {
-		t.Skip("needs tcp;ofi_rxm")
-	}
-	for _, tc := range []struct {
-		name    string
-		timeout time.Duration // the manager's: how long Close waits
-		resume  bool          // the owner continues while Close waits
-	}{
-		{"ops complete while Close waits", time.Minute, true},
-		{"ops outlast the wait", time.Second, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(tc.timeout))
-			peer := testpeer.Start(t, prov)
-			const n = 4 << 20
-			remote := peer.Register(n, mr.ReadWrite, 1)
-			mem := alloc(t, n)
-			local := register(t, m, mem, 0)
-			require.NoError(t, m.WriteFrom(ctxTimeout(t, time.Minute), remote, local)) // connected
-			peer.Stop()
-			defer peer.Continue()
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
-			err := m.WriteFrom(ctx, remote, local)
-			var to *progress.TimeoutError
-			require.ErrorAs(t, err, &to, "the write cannot complete with its owner stopped")
+	prov := testenv.RouteTCP
+	m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(time.Minute))
+	peer := testpeer.Start(t, prov)
+	const n = 4 << 20
+	remote := peer.Register(n, mr.ReadWrite, 1)
+	mem := alloc(t, n)
+	local := register(t, m, mem, 0)
+	require.NoError(t, m.WriteFrom(ctxTimeout(t, time.Minute), remote, local)) // connected
+	peer.Stop()
+	defer peer.Continue()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := m.WriteFrom(ctx, remote, local)
+	var to *progress.TimeoutError
+	require.ErrorAs(t, err, &to, "the write cannot complete with its owner stopped")
 
-			closed := make(chan error, 1)
-			go func() { closed <- local.Close() }()
-			if tc.resume {
-				select {
-				case err := <-closed:
-					t.Fatalf("Close returned (%v) while the stopped owner keeps the write in flight", err)
-				case <-time.After(500 * time.Millisecond):
-				}
-				peer.Continue()
-				select {
-				case err := <-closed:
-					require.NoError(t, err, "the write completed: the buffer is deregistered and its memory free to go")
-				case <-time.After(30 * time.Second):
-					t.Fatal("Close still waiting 30 s after the owner continued")
-				}
-				return
-			}
-			select {
-			case err := <-closed:
-				var inUse *transport.InUseError
-				require.ErrorAs(t, err, &inUse, "Close gave up waiting: it must say the memory is still in use")
-				assert.Equal(t, 1, inUse.Transfers)
-				assert.Equal(t, tc.timeout, inUse.Waited)
-				assert.Contains(t, err.Error(), "do not free or reuse the memory")
-				t.Log(err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("Close did not return 30 s into a 1 s wait")
-			}
-			peer.Continue()
-			require.NoError(t, m.Close()) // before the cleanups free the memory
-		})
+	closed := make(chan error, 1)
+	go func() { closed <- local.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while the stopped owner keeps the write in flight", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	peer.Continue()
+	select {
+	case err := <-closed:
+		require.NoError(t, err, "the write completed: the buffer is deregistered and its memory free to go")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close still waiting 30 s after the owner continued")
 	}
 }
 
@@ -641,9 +432,7 @@ func TestActionAllowOverlap(t *testing.T) {
 // across batch boundaries, two remote buffers of one owner, and large ops
 // (which go alone) in between.
 func TestCMABatches(t *testing.T) {
-	if ok, why := transport.CMAAvailable(); !ok {
-		t.Skip("cma is not available here: " + why)
-	}
+	testenv.RequireCMA(t)
 	m := newManager(t, transport.WithProviders("cma"))
 	peer := testpeer.Start(t, "cma")
 	const nops = 700 // more than one batch

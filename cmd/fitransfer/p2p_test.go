@@ -191,18 +191,25 @@ func TestPointToPointErrors(t *testing.T) {
 func TestInterruptPrintsWhatWasMeasured(t *testing.T) {
 	addr, _ := startServer(t)
 	cmd := cliCommand(t, "write", addr, "-p", "tcp", "-S", "4k,64k", "-I", "100000000")
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	var out strings.Builder
+	errb := &syncLog{}
+	cmd.Stdout, cmd.Stderr = &out, logWriter{errb}
 	require.NoError(t, cmd.Start())
-	time.Sleep(2 * time.Second)
+	// The client says which peer it runs with once connected, before the
+	// 4k row starts.
+	require.Eventually(t, func() bool { return strings.Contains(errb.String(), " peer ") }, 30*time.Second, 10*time.Millisecond,
+		"the client did not connect")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	err := cmd.Wait()
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), errb.String())
 	assert.Equal(t, exitInterrupted, ee.ExitCode())
-	assert.Contains(t, out.String(), "Mxfers/sec")
-	assert.Contains(t, out.String(), "(interrupted)")
-	assert.Contains(t, errb.String(), "interrupted")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 2, "the header and the row of the size it was in: %q", out.String())
+	assert.Contains(t, lines[0], "Mxfers/sec")
+	assert.True(t, strings.HasPrefix(lines[1], "4k "), "the 4k row: %q", lines[1])
+	assert.True(t, strings.HasSuffix(lines[1], "(interrupted)"), "the 4k row: %q", lines[1])
+	assert.Contains(t, errb.String(), "interrupted; the rows above are what was measured")
 }
 
 // TestClientErrorWithinTimeout: a server that stops answering in the
@@ -260,12 +267,15 @@ func TestServeInterruptedMidSession(t *testing.T) {
 				srv.Stderr = logWriter{srvErr}
 				addr, _ := runServer(t, srv)
 				cli := cliCommand(t, test, addr, "-p", prov, "-S", "8", "-I", "1000000000", "--timeout", "60s")
-				var out, errb strings.Builder
-				cli.Stdout, cli.Stderr = &out, &errb
+				var out strings.Builder
+				errb := &syncLog{}
+				cli.Stdout, cli.Stderr = &out, logWriter{errb}
 				require.NoError(t, cli.Start())
 				cliDone := make(chan error, 1)
 				go func() { cliDone <- cli.Wait() }()
-				time.Sleep(time.Second)
+				// In session: the client names its peer once connected.
+				require.Eventually(t, func() bool { return strings.Contains(errb.String(), " peer ") }, 30*time.Second, 10*time.Millisecond,
+					"the client did not connect")
 
 				require.NoError(t, srv.Process.Signal(os.Interrupt))
 				srvDone := make(chan error, 1)

@@ -134,38 +134,47 @@ func TestDataPath(t *testing.T) {
 			require.NoError(t, run(t, a, b, op))
 			require.Equal(t, bytes.Repeat([]byte{0xAB}, 1000), src[:1000])
 
-			// A wrong key must fail, never succeed silently.
+			// A wrong key must fail, never succeed silently: rxm's owner
+			// rejects the op and drops the connection.
 			op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
 				Key: mrB.Key() ^ 0x5a5a, Peer: peer, Flags: uint64(OpCompletion), Slot: 7}
 			err = run(t, a, b, op)
 			t.Logf("bad key read: %v", err)
-			require.Error(t, err)
+			require.ErrorIs(t, err, ErrCanceled)
 
-			// After the owner deregisters, reads fail.
+			// After the owner deregisters, reads fail: the connection the
+			// rejection dropped is gone.
 			require.NoError(t, mrB.Close())
 			op.Key = mrB.Key()
 			op.Slot = 8
 			err = run(t, a, b, op)
 			t.Logf("read after close: %v", err)
-			require.Error(t, err)
+			require.ErrorIs(t, err, ErrNotConn)
 
+			// A new registration is readable once rxm has handled the
+			// dropped connection (during progress on both sides); until
+			// then ops fail with FI_ENOTCONN, and nothing else.
+			clear(dst[:64])
 			mrB2, err := b.d.RegMR(uintptr(unsafe.Pointer(&src[0])), 8192, AccessRemoteRead|AccessRemoteWrite, 9, HMEMSystem, 0, bindB)
 			require.NoError(t, err)
 			defer mrB2.Close()
-			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
-				_, _ = a.q.Reap(a.ep)
-				_, _ = b.q.Reap(b.ep)
-				if ev, _ := a.ep.PollEQ(); ev != nil {
-					t.Logf("eq a: %+v", *ev)
+			op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
+				Key: mrB2.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 9}
+			failed := 0
+			for deadline := time.Now().Add(10 * time.Second); ; failed++ {
+				err = run(t, a, b, op)
+				if err == nil {
+					break
 				}
-				if ev, _ := b.ep.PollEQ(); ev != nil {
-					t.Logf("eq b: %+v", *ev)
-				}
+				require.ErrorIs(t, err, ErrNotConn, "read %d after the errors", failed+1)
+				require.True(t, time.Now().Before(deadline), "rxm still not connected 10 s after the errors: %v", err)
 			}
+			t.Logf("a read succeeded after %d failed with FI_ENOTCONN", failed)
+			require.Equal(t, src[:64], dst[:64])
 			for i := 0; i < 3; i++ {
-				op = Op{Local: uintptr(unsafe.Pointer(&dst[0])), Len: 64, Desc: mrA.Desc(), Remote: remote(0),
-					Key: mrB2.Key(), Peer: peer, Flags: uint64(OpCompletion), Slot: 9}
-				t.Logf("read after errors: %v", run(t, a, b, op))
+				clear(dst[:64])
+				require.NoError(t, run(t, a, b, op), "read %d after the reconnection", i)
+				require.Equal(t, src[:64], dst[:64])
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package ofi
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,17 +21,22 @@ func TestGetInfoAllProviders(t *testing.T) {
 
 func TestGoBuiltInfoRendersLikeProviderInfo(t *testing.T) {
 	// An Info converted to Go and back to C must render, through
-	// libfabric's own fi_tostr, exactly as the provider's fi_info did
-	// (neither tcp nor shm has a nic on this machine).
+	// libfabric's own fi_tostr, exactly as the provider's fi_info did —
+	// but for the nic, which a Go-built Info does not carry: there the
+	// provider's nic section (the last of an fi_info) becomes "(nil)".
 	infos, err := GetInfo(NegotiatedVersion(), "", "", 0, &Info{Fabric: FabricAttr{ProvName: "tcp"}})
 	require.NoError(t, err)
+	require.NotEmpty(t, infos)
 	for _, i := range infos {
+		want := i.Verbose()
 		if i.NIC != nil {
-			continue
+			at := strings.LastIndex(want, "\n    nic: ")
+			require.Positive(t, at, "the nic section of %s", want)
+			want = want[:at] + "\n    nic: (nil)\n"
 		}
 		copied := i
 		copied.tostr = ""
-		assert.Equal(t, i.Verbose(), copied.Verbose())
+		assert.Equal(t, want, copied.Verbose())
 	}
 }
 

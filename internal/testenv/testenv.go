@@ -8,6 +8,7 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -45,3 +46,58 @@ func LoopbackOnly() {
 
 // TCPIfaceEnv is libfabric's tcp provider's interface filter.
 const TCPIfaceEnv = "FI_TCP_IFACE"
+
+// The routes a transfer to another process takes, as the provider names
+// tests force them with (transport.WithProviders): fitransfer's own
+// process_vm_readv/writev path, libfabric's shm, and libfabric's tcp
+// under rxm. cma is fitransfer's code, on every libfabric version.
+const (
+	RouteCMA = "cma"
+	RouteSHM = "shm"
+	RouteTCP = "tcp;ofi_rxm"
+)
+
+// Routes lists every route, each of which a provider matrix runs in
+// turn. It leaves none out: a subtest calls RequireRoute, so that a
+// route this machine lacks shows as a skip with its reason (a failure
+// under CI=true), never as a subtest that is not there.
+func Routes() []string { return []string{RouteCMA, RouteSHM, RouteTCP} }
+
+// RequireRoute needs what route needs on this machine: cma, RequireCMA;
+// shm and tcp;ofi_rxm come with libfabric.
+func RequireRoute(t testing.TB, route string) {
+	t.Helper()
+	if route == RouteCMA {
+		RequireCMA(t)
+	}
+}
+
+// RequireCMA needs the cma route: process_vm_readv/writev between
+// unrelated processes of one user, which the yama LSM forbids at
+// ptrace_scope above 0 (Ubuntu's default is 1), and which
+// FITRANSFER_CMA=0 switches off.
+func RequireCMA(t testing.TB) {
+	t.Helper()
+	if why := cmaMissing(os.Getenv("FITRANSFER_CMA"), yamaScope); why != "" {
+		Missing(t, why)
+	}
+}
+
+// yamaScope is the yama LSM's ptrace restriction; the file is absent
+// without yama.
+const yamaScope = "/proc/sys/kernel/yama/ptrace_scope"
+
+// cmaMissing says why the cma route cannot run, given FITRANSFER_CMA's
+// value and yama's ptrace_scope file, or "" when it can.
+func cmaMissing(cmaEnv, scopeFile string) string {
+	if cmaEnv == "0" {
+		return "needs the cma route, which FITRANSFER_CMA=0 switches off"
+	}
+	if b, err := os.ReadFile(scopeFile); err == nil {
+		if scope := strings.TrimSpace(string(b)); scope != "0" {
+			return "needs the cma route: yama ptrace_scope=" + scope +
+				" forbids process_vm_readv between unrelated processes (echo 0 > " + scopeFile + ")"
+		}
+	}
+	return ""
+}

@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
@@ -37,17 +38,6 @@ const (
 	envRun       = "FITRANSFER_TESTPEER"
 	envProviders = "FITRANSFER_TESTPEER_PROVIDERS"
 )
-
-// Providers lists the backends tests force, each in turn: fitransfer's
-// own process_vm path ("cma") where this build uses it (libfabric 1.x),
-// libfabric's shm, and tcp;ofi_rxm. On libfabric 2.x, where the cma path
-// is switched off, the list starts at shm.
-func Providers() []string {
-	if ok, _ := transport.CMAAvailable(); ok {
-		return []string{"cma", "shm", "tcp;ofi_rxm"}
-	}
-	return []string{"shm", "tcp;ofi_rxm"}
-}
 
 // Fill writes the pattern of seed into b: the same bytes in every process.
 func Fill(b []byte, seed uint64) {
@@ -249,6 +239,9 @@ func (p *Peer) reap() {
 
 func start(t testing.TB, providers []string) *Peer {
 	t.Helper()
+	for _, p := range providers {
+		testenv.RequireRoute(t, p)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
