@@ -146,11 +146,12 @@ type Loop struct {
 	closing     bool
 	beforeClose func()
 
-	drive    sync.Mutex   // held for every endpoint call and the state below
-	drivers  atomic.Int32 // goroutines driving progress in Wait
-	polled   atomic.Int64 // when Poll was last called (monoNow)
-	inCall   atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	sleeping atomic.Bool  // the background goroutine blocks in fi_cq_sread
+	drive    sync.Mutex    // held for every endpoint call and the state below
+	drivers  atomic.Int32  // goroutines driving progress in Wait
+	polled   atomic.Int64  // when Poll was last called (monoNow)
+	rounds   atomic.Uint64 // iterations so far, to within 16 (Rounds)
+	inCall   atomic.Int64  // when the running progress call started (monoNow), 0 when none
+	sleeping atomic.Bool   // the background goroutine blocks in fi_cq_sread
 	wake     chan struct{}
 	exited   chan struct{}
 	timer    *time.Timer // the background goroutine's
@@ -421,6 +422,11 @@ func (l *Loop) Wedged() error {
 	return nil
 }
 
+// Rounds is how many rounds of progress (post, reap) the endpoint has
+// had, to within 16: a clock that runs only as fast as the loop gets the
+// CPU, for grace periods that must not run out on a loaded machine.
+func (l *Loop) Rounds() uint64 { return l.rounds.Load() }
+
 // InFlight is how many ops are posted and not completed; only inside Do.
 func (l *Loop) InFlight() int { return l.inflight }
 
@@ -574,6 +580,9 @@ func (l *Loop) iterate(now int64) bool {
 	l.inCall.Store(now)
 	defer l.inCall.Store(0)
 	l.iter++
+	if l.iter&15 == 0 {
+		l.rounds.Store(uint64(l.iter))
+	}
 	worked := l.intake()
 	if l.post() {
 		worked = true

@@ -60,7 +60,8 @@ type Route struct {
 
 	// shm: ops still in flight to peers that died (see Blocked).
 	deadOps   atomic.Int32
-	deadSince atomic.Int64 // unix nanoseconds of the first
+	deadSince atomic.Int64  // unix nanoseconds of the first
+	deadRound atomic.Uint64 // the loop's Rounds then
 	deadPeer  atomic.Pointer[string]
 }
 
@@ -292,15 +293,21 @@ func (r *Route) Unadd(name []byte) {
 	}
 }
 
-// blockedGrace is how long ops to a dead shm peer may stay in flight
-// before the endpoint counts as blocked: completions already written
-// but not yet read drain well within it.
-const blockedGrace = 200 * time.Millisecond
+// blockedGrace and blockedRounds are how long, and for how many rounds of
+// the progress loop, ops to a dead shm peer may stay in flight before the
+// endpoint counts as blocked: completions already written but not yet
+// read drain well within both. The rounds keep a loaded machine, whose
+// loop gets little CPU, from taking late completions for none.
+const (
+	blockedGrace  = 200 * time.Millisecond
+	blockedRounds = 256
+)
 
 // abandonDead records ops left in flight to an shm peer that died.
 func (r *Route) abandonDead(peer string) {
 	if r.deadOps.Add(1) == 1 {
 		r.deadPeer.Store(&peer)
+		r.deadRound.Store(r.loop.Rounds())
 		r.deadSince.Store(time.Now().UnixNano())
 	}
 }
@@ -316,7 +323,7 @@ func (r *Route) Blocked() error {
 		return nil
 	}
 	since := time.Duration(time.Now().UnixNano() - r.deadSince.Load())
-	if since < blockedGrace {
+	if since < blockedGrace || r.loop.Rounds()-r.deadRound.Load() < blockedRounds {
 		return nil
 	}
 	peer := "a peer"
