@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strconv"
 
 	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
@@ -205,15 +206,21 @@ func (d *decoder) u64() uint64 {
 	return binary.LittleEndian.Uint64(b)
 }
 
+// jsonVersion is the JSON form's version: 2 writes 64-bit fields as
+// decimal strings. Version 1 wrote them as JSON numbers, which a generic
+// decoder (into float64) silently rounds above 2^53 — a key or address
+// then names other memory. Version 1 handles still decode.
+const jsonVersion = 2
+
 // handleJSON is the JSON form: the same fields, by name.
 type handleJSON struct {
 	Version   int      `json:"version"`
 	Node      string   `json:"node"`
 	Owner     string   `json:"owner"`
-	ID        uint64   `json:"id"`
-	Offset    uint64   `json:"offset"`
-	Length    uint64   `json:"length"`
-	Size      uint64   `json:"size"`
+	ID        u64      `json:"id"`
+	Offset    u64      `json:"offset"`
+	Length    u64      `json:"length"`
+	Size      u64      `json:"size"`
 	Access    []string `json:"access"`
 	Endpoints []epJSON `json:"endpoints"`
 }
@@ -221,16 +228,42 @@ type handleJSON struct {
 type epJSON struct {
 	Provider string     `json:"provider"`
 	Name     string     `json:"name"` // base64
-	Key      uint64     `json:"key"`
-	Addr     uint64     `json:"addr"`
+	Key      u64        `json:"key"`
+	Addr     u64        `json:"addr"`
 	Guard    *guardJSON `json:"guard,omitempty"`
 }
 
 type guardJSON struct {
-	Table uint64 `json:"table"`
-	Key   uint64 `json:"key"`
+	Table u64    `json:"table"`
+	Key   u64    `json:"key"`
 	Slot  uint32 `json:"slot"`
-	Gen   uint64 `json:"gen"`
+	Gen   u64    `json:"gen"`
+}
+
+// u64 is a 64-bit field of the JSON form: written as a decimal string,
+// read from a string or (version 1) a number.
+type u64 uint64
+
+// MarshalJSON writes the decimal string.
+func (v u64) MarshalJSON() ([]byte, error) {
+	return strconv.AppendQuote(nil, strconv.FormatUint(uint64(v), 10)), nil
+}
+
+// UnmarshalJSON reads a decimal string, or an integer number.
+func (v *u64) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) >= 2 && s[0] == '"' {
+		var err error
+		if s, err = strconv.Unquote(s); err != nil {
+			return err
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("want an unsigned 64-bit integer as a decimal string, got %s", b)
+	}
+	*v = u64(n)
+	return nil
 }
 
 // MarshalJSON encodes the handle as JSON (docs/handle.md).
@@ -238,8 +271,8 @@ func (r RemoteBuffer) MarshalJSON() ([]byte, error) {
 	if err := r.check(); err != nil {
 		return nil, err
 	}
-	h := handleJSON{Version: handleVersion, Node: r.node.String(), Owner: r.owner.String(),
-		ID: r.id, Offset: r.off, Length: r.n, Size: r.size, Access: []string{}}
+	h := handleJSON{Version: jsonVersion, Node: r.node.String(), Owner: r.owner.String(),
+		ID: u64(r.id), Offset: u64(r.off), Length: u64(r.n), Size: u64(r.size), Access: []string{}}
 	if r.access&mr.RemoteRead != 0 {
 		h.Access = append(h.Access, "remote_read")
 	}
@@ -247,9 +280,9 @@ func (r RemoteBuffer) MarshalJSON() ([]byte, error) {
 		h.Access = append(h.Access, "remote_write")
 	}
 	for _, ep := range r.eps {
-		e := epJSON{Provider: ep.provider, Name: base64.StdEncoding.EncodeToString(ep.name), Key: ep.key, Addr: ep.base}
+		e := epJSON{Provider: ep.provider, Name: base64.StdEncoding.EncodeToString(ep.name), Key: u64(ep.key), Addr: u64(ep.base)}
 		if g := ep.guard; g != nil {
-			e.Guard = &guardJSON{Table: g.table, Key: g.key, Slot: g.slot, Gen: g.gen}
+			e.Guard = &guardJSON{Table: u64(g.table), Key: u64(g.key), Slot: g.slot, Gen: u64(g.gen)}
 		}
 		h.Endpoints = append(h.Endpoints, e)
 	}
@@ -262,8 +295,8 @@ func (r *RemoteBuffer) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &h); err != nil {
 		return badHandle("JSON: %v", err)
 	}
-	if h.Version != handleVersion {
-		return badHandle("format version %d; this fitransfer reads version %d (upgrade the older side)", h.Version, handleVersion)
+	if h.Version != jsonVersion && h.Version != 1 {
+		return badHandle("JSON format version %d; this fitransfer reads versions 1 and %d (upgrade the older side)", h.Version, jsonVersion)
 	}
 	var out RemoteBuffer
 	if err := parseID(h.Node, &out.node); err != nil {
@@ -272,7 +305,7 @@ func (r *RemoteBuffer) UnmarshalJSON(data []byte) error {
 	if err := parseID(h.Owner, &out.owner); err != nil {
 		return badHandle("owner: %v", err)
 	}
-	out.id, out.off, out.n, out.size = h.ID, h.Offset, h.Length, h.Size
+	out.id, out.off, out.n, out.size = uint64(h.ID), uint64(h.Offset), uint64(h.Length), uint64(h.Size)
 	for _, a := range h.Access {
 		switch a {
 		case "remote_read":
@@ -291,9 +324,9 @@ func (r *RemoteBuffer) UnmarshalJSON(data []byte) error {
 		if err != nil {
 			return badHandle("endpoint %d: name: %v", i, err)
 		}
-		ep := remoteEP{provider: e.Provider, name: name, key: e.Key, base: e.Addr}
+		ep := remoteEP{provider: e.Provider, name: name, key: uint64(e.Key), base: uint64(e.Addr)}
 		if g := e.Guard; g != nil {
-			ep.guard = &guardRef{table: g.Table, key: g.Key, slot: g.Slot, gen: g.Gen}
+			ep.guard = &guardRef{table: uint64(g.Table), key: uint64(g.Key), slot: g.Slot, gen: uint64(g.Gen)}
 		}
 		out.eps = append(out.eps, ep)
 	}

@@ -73,7 +73,43 @@ func TestHandleVersion(t *testing.T) {
 	assert.Contains(t, err.Error(), "format version 2; this fitransfer reads version 1")
 
 	err = json.Unmarshal([]byte(`{"version":3}`), &r)
-	assert.ErrorContains(t, err, "format version 3")
+	assert.ErrorIs(t, err, ErrBadHandle)
+	assert.ErrorContains(t, err, "JSON format version 3; this fitransfer reads versions 1 and 2")
+}
+
+// TestHandleJSONThroughGenericDecoder: a handle whose keys and addresses
+// lie above 2^53 survives a trip through a generic decoder
+// (map[string]any, where JSON numbers become float64) and back: the JSON
+// form writes 64-bit fields as decimal strings.
+func TestHandleJSONThroughGenericDecoder(t *testing.T) {
+	h := sampleHandle()
+	h.id = 1<<60 + 3
+	h.eps[0].key, h.eps[0].base = 0xfedcba9876543211, 0x7fff_ffff_ffff_f001
+	h.eps[0].guard.table, h.eps[0].guard.key, h.eps[0].guard.gen = 1<<62+5, 1<<63+7, 1<<54+1
+	j, err := json.Marshal(h)
+	require.NoError(t, err)
+	assert.Contains(t, string(j), `"key":"18364758544493064721"`)
+	var generic map[string]any
+	require.NoError(t, json.Unmarshal(j, &generic))
+	again, err := json.Marshal(generic)
+	require.NoError(t, err)
+	var back RemoteBuffer
+	require.NoError(t, json.Unmarshal(again, &back))
+	assert.Equal(t, h, back)
+}
+
+// TestHandleJSONVersion1: handles written before 64-bit fields became
+// strings (version 1, JSON numbers) still decode, exactly.
+func TestHandleJSONVersion1(t *testing.T) {
+	v1 := `{"version":1,"node":"01020300000000000000000000000000","owner":"04050600000000000000000000000000",` +
+		`"id":7,"offset":100,"length":4000,"size":8192,"access":["remote_read","remote_write"],` +
+		`"endpoints":[{"provider":"shm","name":"ZmlfIHNobTovLzEyMzQ6MDowAA==","key":18364758544493064721,"addr":139637976879104,` +
+		`"guard":{"table":139637977927680,"key":99,"slot":3,"gen":2}}]}`
+	var r RemoteBuffer
+	require.NoError(t, json.Unmarshal([]byte(v1), &r))
+	assert.Equal(t, uint64(18364758544493064721), r.eps[0].key)
+	assert.Equal(t, uint64(139637976879104), r.eps[0].base)
+	assert.Equal(t, uint64(7), r.id)
 }
 
 func TestHandleFieldChecks(t *testing.T) {
