@@ -129,8 +129,11 @@ func TestOwnerKilled(t *testing.T) {
 				}
 				t.Logf("%v after the kill: %v", time.Since(start).Round(time.Millisecond), err)
 				assert.Less(t, time.Since(start), 5*time.Second, "an error well within the deadline")
-				var te *transport.TransferError
-				require.ErrorAs(t, err, &te)
+				// A *TransferError when the kill lands in an op, a bare
+				// *PeerGoneError when it lands between two (the next one's
+				// route finds the owner gone before anything moves): when
+				// it lands is the fault's timing, so the test asserts what
+				// both give.
 				assert.Contains(t, err.Error(), peer, "the error names the peer")
 				assert.ErrorIs(t, err, transport.ErrPeerGone, "the same class on every route")
 				assert.False(t, transport.Retryable(err), "retrying cannot bring the peer back")
