@@ -152,7 +152,8 @@ type TimeoutError struct {
 	NotStarted bool
 	// Left: the endpoint was inside a libfabric call that had not
 	// returned when the deadline came, so the job was left to its
-	// progress loop, which ends it when the call returns.
+	// progress loop, which ends it when the call returns; Completed is not
+	// known then (0).
 	Left bool
 }
 
@@ -169,11 +170,13 @@ func (e *TimeoutError) Error() string {
 	}
 	s := fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed",
 		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)
+	if e.Left {
+		s = fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: the endpoint was inside a libfabric call that had not returned, "+
+			"and the transfer's %d chunks stay with it until it does",
+			e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Total)
+	}
 	if e.Provider == "memcpy" {
 		return s // a copy within the process: no peer to blame
-	}
-	if e.Left {
-		s += "; the endpoint was inside a libfabric call that had not returned (its ops stay in flight until it does)"
 	}
 	return s + "; the peer may be dead, stopped, unreachable or not progressing its endpoint" + shmNote(e.Provider)
 }

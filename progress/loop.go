@@ -313,8 +313,9 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 			// yet is not wedged: the job is left to it, and it expires
 			// the job as soon as it is back. The caller must not reuse
 			// the job, only drop its hold on it.
+			// Only what the loop does not write: the job is its.
 			return &TimeoutError{Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
-				After: time.Since(j.Start), Completed: j.Completed, Total: len(j.Chunks), Cause: ctx.Err(), Left: true}
+				After: time.Since(j.Start), Total: len(j.Chunks), Cause: ctx.Err(), Left: true}
 		}
 		return err
 	}

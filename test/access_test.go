@@ -142,7 +142,7 @@ func providerKey(t *testing.T, h transport.RemoteBuffer, prov string) uint64 {
 	var v struct {
 		Endpoints []struct {
 			Provider string `json:"provider"`
-			Key      uint64 `json:"key"`
+			Key      uint64 `json:"key,string"`
 		} `json:"endpoints"`
 	}
 	require.NoError(t, json.Unmarshal(b, &v))

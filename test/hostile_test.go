@@ -40,12 +40,29 @@ func alter(t *testing.T, h transport.RemoteBuffer, fn func(top map[string]any, e
 	return out, json.Unmarshal(b, &out)
 }
 
+// num reads a 64-bit field of a handle's JSON form: a decimal string
+// (version 2), or a json.Number (version 1, decoded with UseNumber).
 func num(v any) uint64 {
-	n, _ := strconv.ParseUint(string(v.(json.Number)), 10, 64)
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case json.Number:
+		s = string(x)
+	}
+	n, _ := strconv.ParseUint(s, 10, 64)
 	return n
 }
 
-func set(m map[string]any, k string, v uint64) { m[k] = json.Number(strconv.FormatUint(v, 10)) }
+// set writes a field as the JSON form does: a 64-bit one as a decimal
+// string, the guard's 32-bit slot as a number.
+func set(m map[string]any, k string, v uint64) {
+	if k == "slot" {
+		m[k] = json.Number(strconv.FormatUint(v, 10))
+		return
+	}
+	m[k] = strconv.FormatUint(v, 10)
+}
 
 // TestAlteredHandles: handles whose length, offset, key or address were
 // altered are refused or fail with an error, and nothing moves: a read
