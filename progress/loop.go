@@ -146,15 +146,20 @@ type Loop struct {
 	closing     bool
 	beforeClose func()
 
-	drive    sync.Mutex    // held for every endpoint call and the state below
-	drivers  atomic.Int32  // goroutines driving progress in Wait
-	polled   atomic.Int64  // when Poll was last called (monoNow)
-	rounds   atomic.Uint64 // iterations so far, to within 16 (Rounds)
-	inCall   atomic.Int64  // when the running progress call started (monoNow), 0 when none
-	sleeping atomic.Bool   // the background goroutine blocks in fi_cq_sread
-	wake     chan struct{}
-	exited   chan struct{}
-	timer    *time.Timer // the background goroutine's
+	drive   sync.Mutex    // held for every endpoint call and the state below
+	drivers atomic.Int32  // goroutines driving progress in Wait
+	polled  atomic.Int64  // when Poll was last called (monoNow)
+	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
+	// pollers and roundDone: a passive loop's Poll waits for the loop's
+	// next round instead of spinning beside it (see Poll).
+	pollers   atomic.Int32
+	roundDone chan struct{}
+	timers    sync.Pool    // *time.Timer for Poll's bound
+	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
+	sleeping  atomic.Bool  // the background goroutine blocks in fi_cq_sread
+	wake      chan struct{}
+	exited    chan struct{}
+	timer     *time.Timer // the background goroutine's
 
 	// under drive
 	down       bool   // the endpoint is closed
@@ -195,7 +200,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
 		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
-		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(),
+		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(), roundDone: make(chan struct{}, 1),
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
@@ -437,8 +442,7 @@ func (l *Loop) InFlight() int { return l.inflight }
 // are the natural driver of progress.
 func (l *Loop) Poll() bool {
 	if l.passive {
-		l.kick()
-		return false
+		return l.pollPassive()
 	}
 	now := monoNow()
 	l.polled.Store(now)
@@ -452,6 +456,35 @@ func (l *Loop) Poll() bool {
 	l.drive.Unlock()
 	return worked
 }
+
+// pollPassive is Poll on a passive loop: it cannot call libfabric, so it
+// wakes the loop and waits for its next round, for at most a millisecond
+// (the loop may be inside a call that never returns). Blocking, not
+// spinning, leaves the CPU to the loop's goroutine: a caller spinning on
+// memory beside a spinning loop halves what each gets on a small machine.
+func (l *Loop) pollPassive() bool {
+	l.pollers.Add(1)
+	defer l.pollers.Add(-1)
+	l.kick()
+	t, _ := l.timers.Get().(*time.Timer)
+	if t == nil {
+		t = time.NewTimer(pollBound)
+	} else {
+		t.Reset(pollBound)
+	}
+	worked := false
+	select {
+	case <-l.roundDone:
+		worked = true
+	case <-t.C:
+	}
+	t.Stop()
+	l.timers.Put(t)
+	return worked
+}
+
+// pollBound is the longest a passive Poll waits for the loop's round.
+const pollBound = time.Millisecond
 
 // Do runs fn with the endpoint to itself: the way to register memory,
 // insert peers or close MRs. It fails with ErrClosed once the endpoint is
@@ -555,6 +588,12 @@ func (l *Loop) run() {
 		worked := l.iterate(now)
 		idleFor := time.Duration(now - l.lastActive)
 		l.drive.Unlock()
+		if l.pollers.Load() > 0 {
+			select {
+			case l.roundDone <- struct{}{}:
+			default:
+			}
+		}
 		if worked {
 			sleep = l.policy.MinSleep
 			continue
