@@ -255,6 +255,19 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	}
 	if l.passive {
 		l.kick()
+		// Watch for the job a moment before parking: the loop often
+		// finishes a small op within microseconds, and waking a parked
+		// goroutine costs more than that.
+		for start, i := monoNow(), 0; ; i++ {
+			select {
+			case <-j.done:
+				return nil
+			default:
+			}
+			if i&63 == 63 && monoNow()-start > int64(passiveSpin) {
+				break
+			}
+		}
 		return l.waitPassive(ctx, j)
 	}
 	l.drivers.Add(1)
@@ -293,18 +306,26 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 // waitPassive leaves progress to the background goroutine and waits for
 // the job, ctx, or a wedged endpoint.
 func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	// A pooled timer, not a ticker: this runs once per op on a passive
+	// loop, and a new ticker is three allocations.
+	t, _ := l.timers.Get().(*time.Timer)
+	if t == nil {
+		t = time.NewTimer(wedgeCheck)
+	} else {
+		t.Reset(wedgeCheck)
+	}
+	defer func() { t.Stop(); l.timers.Put(t) }()
 	for done := false; !done; {
 		select {
 		case <-j.done:
 			return nil
 		case <-ctx.Done():
 			done = true
-		case <-tick.C:
+		case <-t.C:
 			if err := l.Wedged(); err != nil {
 				return err
 			}
+			t.Reset(wedgeCheck)
 		}
 	}
 	gen := j.gen.Load()
@@ -329,6 +350,13 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 	<-j.done
 	return nil
 }
+
+// passiveSpin is how long a waiter on a passive loop watches for its job
+// before it parks.
+const passiveSpin = 50 * time.Microsecond
+
+// wedgeCheck is how often a waiter checks whether the endpoint wedged.
+const wedgeCheck = 100 * time.Millisecond
 
 // abortWait is how long a waiter whose context ended waits for the drive
 // lock of a passive loop before it leaves its job to the loop.
