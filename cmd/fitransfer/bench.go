@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -446,60 +448,116 @@ func (p *peerTools) run(ctx context.Context, r perftest.Row) peerResult {
 
 // runPeerTool runs a fabtests-style tool as server and client on
 // loopback and parses the client's last result line (its MB/sec and
-// usec/xfer columns).
+// usec/xfer columns). A run whose server exited before its client got
+// through (its port taken: fi_pingpong's default control port is in the
+// ephemeral range, so any connection may hold it) is tried again, on
+// another port, up to three times.
 func runPeerTool(ctx context.Context, tool string, args []string, timeout time.Duration) (float64, float64, error) {
 	if _, err := exec.LookPath(tool); err != nil {
 		return 0, 0, fmt.Errorf("%s not found", tool)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	local := []string{"-s", "127.0.0.1"}
-	if filepath.Base(tool) == "fi_pingpong" {
-		local = nil
+	for attempt := 1; ; attempt++ {
+		mbps, usec, err := peerToolOnce(ctx, tool, args)
+		if !errors.Is(err, errPeerServerGone) || attempt == 3 {
+			if ctx.Err() != nil && err != nil {
+				err = fmt.Errorf("%s did not finish within %s: %w", filepath.Base(tool), timeout, err)
+			}
+			return mbps, usec, err
+		}
 	}
-	srv := exec.CommandContext(ctx, tool, append(append([]string{}, args...), local...)...)
+}
+
+// errPeerServerGone is a peer tool's server that exited before its client
+// connected.
+var errPeerServerGone = errors.New("its server exited before the client connected")
+
+// peerToolOnce is one server and client run of runPeerTool.
+func peerToolOnce(ctx context.Context, tool string, args []string) (float64, float64, error) {
+	name := filepath.Base(tool)
+	srvArgs := slices.Concat(args, []string{"-s", "127.0.0.1"})
+	cliArgs := slices.Concat(args, []string{"-s", "127.0.0.1", "127.0.0.1"})
+	if name == "fi_pingpong" {
+		port, err := freeTCPPort()
+		if err != nil {
+			return 0, 0, err
+		}
+		srvArgs = slices.Concat(args, []string{"-B", port})
+		cliArgs = slices.Concat(args, []string{"-P", port, "127.0.0.1"})
+	}
+	srv := exec.CommandContext(ctx, tool, srvArgs...)
+	var srvErr bytes.Buffer
+	srv.Stderr = &srvErr
 	if err := srv.Start(); err != nil {
 		return 0, 0, err
 	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	srvDone := make(chan struct{})
+	go func() { _ = srv.Wait(); close(srvDone) }()
+	defer func() {
+		select {
+		case <-srvDone:
+		default:
+			_ = srv.Process.Kill()
+			<-srvDone
+		}
+	}()
 	// The client connects to the server's control port; until the
 	// server listens there it exits at once with ECONNREFUSED (111):
-	// try again until it is up, instead of guessing how long that takes.
+	// try again until it is up or has exited, instead of guessing how
+	// long that takes.
 	var out []byte
 	var err error
-	for {
-		cli := exec.CommandContext(ctx, tool, append(append(append([]string{}, args...), local...), "127.0.0.1")...)
-		out, err = cli.Output()
-		var ee *exec.ExitError
-		if err == nil || !errors.As(err, &ee) || ee.ExitCode() != int(syscall.ECONNREFUSED) || !sleepCtx(ctx, 50*time.Millisecond) {
-			break
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for refused := true; refused; {
+		select {
+		case <-srvDone:
+			return 0, 0, fmt.Errorf("%s: %w: %s", name, errPeerServerGone, lastLine(srvErr.String()))
+		case <-ctx.Done():
+			return 0, 0, fmt.Errorf("%s: %w", name, ctx.Err())
+		case <-retry.C:
 		}
+		out, err = exec.CommandContext(ctx, tool, cliArgs...).Output()
+		var ee *exec.ExitError
+		refused = errors.As(err, &ee) && ee.ExitCode() == int(syscall.ECONNREFUSED)
+		retry.Reset(50 * time.Millisecond)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("%s: %v", filepath.Base(tool), err)
+		return 0, 0, fmt.Errorf("%s: %v", name, err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	f := strings.Fields(lines[len(lines)-1])
+	line := lastLine(string(out))
+	f := strings.Fields(line)
 	if len(f) < 4 {
-		return 0, 0, fmt.Errorf("%s printed %q", filepath.Base(tool), lines[len(lines)-1])
+		return 0, 0, fmt.Errorf("%s printed %q", name, line)
 	}
 	mbps, err1 := strconv.ParseFloat(f[len(f)-3], 64)
 	usec, err2 := strconv.ParseFloat(f[len(f)-2], 64)
 	if err1 != nil || err2 != nil || mbps <= 0 {
-		return 0, 0, fmt.Errorf("%s printed %q", filepath.Base(tool), lines[len(lines)-1])
+		return 0, 0, fmt.Errorf("%s printed %q", name, line)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The server ends by itself once its client has: the next run
+	// starts with the machine to itself.
+	select {
+	case <-srvDone:
+	case <-ctx.Done():
+	}
 	return mbps, usec, nil
 }
 
-// sleepCtx sleeps for d, or less when ctx ends: false then.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+// freeTCPPort is a loopback port the kernel just handed out and nobody
+// holds now.
+func freeTCPPort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
 	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

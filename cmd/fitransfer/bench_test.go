@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -79,10 +81,14 @@ func TestAggregatePairsEachRunWithThePeerRunAfterIt(t *testing.T) {
 // fakeRMABW stands in for fabtests' fi_rma_bw, which is not built here:
 // as client it logs its run to $FAKE_LOG and prints fabtests' result line
 // with MB/sec = $FAKE_MBPS, and it fails when a `serve` started by the
-// bench (a child of the test process, as the stand-in is) still runs.
+// bench (a child of the test process, as the stand-in is) still runs. As
+// server it exits once its client has, as fabtests' servers do.
 const fakeRMABW = `#!/bin/bash
 last="${@: -1}"; prev="${@: -2:1}"
-if [ "$prev" = "-s" ]; then sleep 30; exit 0; fi
+if [ "$prev" = "-s" ]; then
+  until [ -e "$FAKE_LOG.client" ]; do sleep 0.01; done
+  rm -f "$FAKE_LOG.client"; exit 0
+fi
 for p in /proc/[0-9]*; do
   if [ "$(cut -d' ' -f4 $p/stat 2>/dev/null)" = "$PPID" ] && tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' serve '; then
     echo "a bench server is running: $(tr '\0' ' ' < $p/cmdline)" >&2; exit 1
@@ -91,6 +97,7 @@ done
 echo "peer" >> "$FAKE_LOG"
 echo "bytes   iters   total       time     MB/sec    usec/xfer   Mxfers/sec"
 echo "8       200     1.6k        0.00s    $FAKE_MBPS       4.00        0.25"
+touch "$FAKE_LOG.client"
 `
 
 // TestBenchComparesWithThePeerTool runs `bench --compare --repeat 2` over
@@ -161,4 +168,64 @@ func TestBenchPingPongNextToFiPingpong(t *testing.T) {
 	// The ratio is ours over the peer's (both printed to 0.01: a busy
 	// machine can print 0.00 for 8 B, which is a figure, not a failure).
 	assert.InDelta(t, x[0]/x[1], x[2], 0.01+0.005/x[1], lines[1])
+}
+
+// fakePingpong stands in for fi_pingpong: its server fails to bind its
+// control port for the first $FAKE_BUSY runs (as when another connection
+// holds it), then listens; its client is refused until a server listens.
+const fakePingpong = `#!/bin/bash
+d="$FAKE_DIR"
+if [[ " $* " == *" -B "* ]]; then
+  n=$(( $(cat "$d/servers" 2>/dev/null || echo 0) + 1 )); echo $n > "$d/servers"
+  echo "$*" >> "$d/server-args"
+  if [ $n -le "$FAKE_BUSY" ]; then echo "bind(): util/pingpong.c:460 , ret=-98 (Address already in use)" >&2; exit 1; fi
+  touch "$d/listening"
+  until [ -e "$d/client" ]; do sleep 0.01; done
+  exit 0
+fi
+[ -e "$d/listening" ] || exit 111
+echo "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec"
+echo "8 200 =200 3.1k 0.00s 6.15 1.30 0.77"
+touch "$d/client"
+`
+
+// TestPeerToolServerThatCannotBind: a peer tool's server that exits before
+// its client connects is run again on another port, and after three
+// such runs the bench says why, long before the timeout.
+func TestPeerToolServerThatCannotBind(t *testing.T) {
+	for _, tt := range []struct {
+		busy    int
+		servers int
+		err     string
+	}{
+		{busy: 2, servers: 3},
+		{busy: 3, servers: 3, err: "fi_pingpong: its server exited before the client connected: bind(): util/pingpong.c:460 , ret=-98 (Address already in use)"},
+	} {
+		t.Run(strconv.Itoa(tt.busy), func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "fi_pingpong"), []byte(fakePingpong), 0o755))
+			t.Setenv("FAKE_DIR", dir)
+			t.Setenv("FAKE_BUSY", strconv.Itoa(tt.busy))
+			mbps, usec, err := runPeerTool(context.Background(), filepath.Join(dir, "fi_pingpong"),
+				[]string{"-p", "shm", "-e", "rdm"}, time.Minute)
+			if tt.err != "" {
+				require.EqualError(t, err, tt.err)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, [2]float64{6.15, 1.30}, [2]float64{mbps, usec})
+			}
+			n, err := os.ReadFile(filepath.Join(dir, "servers"))
+			require.NoError(t, err)
+			assert.Equal(t, strconv.Itoa(tt.servers), strings.TrimSpace(string(n)))
+			args, err := os.ReadFile(filepath.Join(dir, "server-args"))
+			require.NoError(t, err)
+			ports := map[string]bool{}
+			for _, l := range strings.Split(strings.TrimSpace(string(args)), "\n") {
+				f := strings.Fields(l)
+				require.Equal(t, "-B", f[len(f)-2], l)
+				ports[f[len(f)-1]] = true
+			}
+			assert.Len(t, ports, tt.servers, "each run on a port of its own: %s", args)
+		})
+	}
 }
