@@ -86,3 +86,12 @@ func Words64(b []byte) []uint64 {
 	}
 	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
 }
+
+// Words32 views b, 4-byte aligned and a multiple of 4 bytes long, as
+// 32-bit words (for atomic counters in shared memory).
+func Words32(b []byte) []uint32 {
+	if len(b) == 0 || Addr(b)%4 != 0 || len(b)%4 != 0 {
+		panic("mr.Words32: memory not made of aligned 32-bit words")
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}

@@ -17,6 +17,7 @@ var ErrNotOffHeap = errors.New("memory is not off the Go heap")
 type region struct {
 	base, end uintptr
 	mapped    []byte // set for Alloc'd memory (to munmap)
+	fd        int    // the memfd behind Alloc'd memory; -1 without
 }
 
 var regions struct {
@@ -26,16 +27,99 @@ var regions struct {
 
 // Alloc maps n bytes of zeroed, page-aligned memory outside the Go heap.
 // Free it with Free when no registration uses it any more.
+//
+// The memory is a memfd's, sealed at its size: a verified process of this
+// node can be handed the file and map it (see File), so that transfers
+// with it are plain copies. Where memfd_create is refused, it is
+// anonymous memory, which only the other routes reach.
 func Alloc(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("mr.Alloc(%d): size must be positive", n)
+	}
+	if b, fd, err := allocShared(n); err == nil {
+		add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
+		return b[:n], nil
 	}
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, fmt.Errorf("mr.Alloc(%d): mmap: %w", n, err)
 	}
-	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b})
+	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: -1})
 	return b, nil
+}
+
+// allocShared maps n bytes of a new memfd, rounded up to whole pages and
+// sealed at that size: whoever is handed the file can neither shrink it
+// (which would make the owner's own accesses fault) nor grow it.
+func allocShared(n int) ([]byte, int, error) {
+	size := (n + pageSize - 1) &^ (pageSize - 1)
+	fd, err := unix.MemfdCreate("fitransfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, -1, err
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Close(fd)
+		return nil, -1, err
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		_ = unix.Close(fd)
+		return nil, -1, err
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, -1, err
+	}
+	return b, fd, nil
+}
+
+var pageSize = unix.Getpagesize()
+
+// Whole reports whether b is exactly a whole allocation of Alloc backed
+// by a memfd: what File opens.
+func Whole(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	base := Addr(b)
+	regions.RLock()
+	defer regions.RUnlock()
+	i := find(base)
+	return i >= 0 && regions.list[i].base == base && regions.list[i].fd >= 0 &&
+		regions.list[i].mapped != nil && uintptr(len(b)) == regions.list[i].end-base
+}
+
+// File opens the memfd behind b when b is exactly a whole allocation of
+// Alloc (not a part of one: the file holds all of it, and whoever maps it
+// reaches all of it), read-only when readOnly is set, so that a process
+// it is handed to cannot map it writable. The caller closes the new fd.
+// ok is false for other memory.
+func File(b []byte, readOnly bool) (fd int, ok bool, err error) {
+	if len(b) == 0 {
+		return -1, false, nil
+	}
+	base := Addr(b)
+	regions.RLock()
+	defer regions.RUnlock() // Free closes the file under the write lock
+	i := find(base)
+	if i < 0 {
+		return -1, false, nil
+	}
+	r := regions.list[i]
+	if r.base != base || r.fd < 0 || r.mapped == nil || uintptr(len(b)) != r.end-r.base {
+		return -1, false, nil
+	}
+	if readOnly {
+		// A new open file description through /proc: a dup would share
+		// the read-write one.
+		fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", r.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	} else {
+		fd, err = unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	if err != nil {
+		return -1, false, fmt.Errorf("opening the memory's file: %w", err)
+	}
+	return fd, true, nil
 }
 
 // Free unmaps memory returned by Alloc. It fails for memory Alloc did not
@@ -54,6 +138,9 @@ func Free(b []byte) error {
 	if err := unix.Munmap(regions.list[i].mapped); err != nil {
 		return fmt.Errorf("mr.Free: munmap: %w", err)
 	}
+	if fd := regions.list[i].fd; fd >= 0 {
+		_ = unix.Close(fd) // peers that mapped it keep their pages, never this process's
+	}
 	regions.list = append(regions.list[:i], regions.list[i+1:]...)
 	return nil
 }
@@ -71,7 +158,7 @@ func Adopt(b []byte) error {
 	if i := find(base); i >= 0 || overlaps(base, base+uintptr(len(b))) {
 		return fmt.Errorf("mr.Adopt: %#x overlaps memory already known", base)
 	}
-	insert(region{base: base, end: base + uintptr(len(b))})
+	insert(region{base: base, end: base + uintptr(len(b)), fd: -1})
 	return nil
 }
 

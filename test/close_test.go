@@ -2,6 +2,9 @@ package test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,12 +89,92 @@ func TestCloseWithOpsInFlight(t *testing.T) {
 				m2, err := transport.New(context.Background(), transport.WithProviders(prov))
 				require.NoError(t, err)
 				defer m2.Close()
-				l2, err := m2.Register(mem[:4096], mr.ReadWrite)
+				l2, err := m2.Register(mem[:4096], 0) // local only: part of an allocation, which the mem route does not share
 				require.NoError(t, err)
 				small, _ := h.Slice(0, 4096)
 				require.NoError(t, transfer(setup, m2, op, l2, small), "a new manager works with the owner")
 				require.NoError(t, m2.Close())
 			})
+		}
+	}
+}
+
+// TestCloseStopsMemPeers holds Buffer.Close's promise on the mem route,
+// where a peer copies with a mapping of the owner's memory and nothing
+// but the protocol stops it: after Close returns, no peer op writes that
+// memory. Peer goroutines write 8 MiB patterns to the owner's buffers
+// without pause while the owner closes them one by one and, the moment
+// each Close returns, fills the buffer with a pattern of its own; the
+// writers go on until each has failed on every closed buffer. Every
+// owner's pattern must be intact, and every write must have returned nil
+// or a stale handle.
+func TestCloseStopsMemPeers(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	const (
+		size    = 8 << 20 // two pieces of a copy: a write spans a Close
+		buffers = 8
+		writers = 3
+		rounds  = 6
+	)
+	owner := testpeer.Start(t, testenv.RouteMem)
+	m := newManager(t, transport.WithProviders(testenv.RouteMem))
+	locals := make([]*transport.Buffer, writers)
+	for i := range locals {
+		b, mem := register(t, m, size, 0)
+		testpeer.Fill(mem, uint64(1000+i))
+		locals[i] = b
+	}
+	next := 0 // the owner's buffer index
+	for round := 0; round < rounds; round++ {
+		handles := make([]transport.RemoteBuffer, buffers)
+		for i := range handles {
+			handles[i] = owner.Register(size, mr.ReadWrite, uint64(round*buffers+i))
+		}
+		first := next
+		next += buffers
+		var closedMu sync.Mutex
+		closed := map[int]bool{}
+		var wg sync.WaitGroup
+		failures := make(chan string, writers*buffers)
+		for w := 0; w < writers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				refused := map[int]bool{} // buffers this writer saw closed
+				for k := w; len(refused) < buffers; k++ {
+					i := k % buffers
+					closedMu.Lock()
+					wasClosed := closed[i]
+					closedMu.Unlock()
+					err := m.WriteFrom(context.Background(), handles[i], locals[w])
+					switch {
+					case err == nil && wasClosed:
+						failures <- fmt.Sprintf("a write to buffer %d returned nil after its Close returned", i)
+						return
+					case err == nil:
+					case errors.Is(err, transport.ErrStaleHandle):
+						refused[i] = true
+					default:
+						failures <- fmt.Sprintf("write to buffer %d: %v (not a stale handle)", i, err)
+						return
+					}
+				}
+			}()
+		}
+		for i := range handles {
+			require.NoError(t, owner.CloseFill(first+i, uint64(9000+round*buffers+i)))
+			closedMu.Lock()
+			closed[i] = true
+			closedMu.Unlock()
+		}
+		wg.Wait()
+		close(failures)
+		for f := range failures {
+			t.Error(f)
+		}
+		for i := range handles {
+			want := testpeer.Sum(testpeer.Pattern(size, uint64(9000+round*buffers+i)))
+			require.Equal(t, want, owner.Sum(first+i, 0, size), "round %d: buffer %d was written after its Close returned", round, i)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 // a change of this table. The values are what libfabric 1.17.0 and 2.1.0
 // produced, run after run (the commit that sets a value says how many).
 
-// outcomeKey is a route (testenv.RouteCMA, RouteSHM, RouteTCP) under a
+// outcomeKey is a route (testenv.RouteMem, RouteCMA, RouteSHM, RouteTCP) under a
 // libfabric major (the library loaded at run time).
 type outcomeKey struct {
 	route string
@@ -24,8 +24,9 @@ type outcomeKey struct {
 type stoppedEnd int
 
 const (
-	// completes: the initiator copies alone (process_vm_readv/writev,
-	// shm's single copy), the owner need not run.
+	// completes: the initiator copies alone (from its mapping of the
+	// owner's memfd, process_vm_readv/writev, shm's single copy), the
+	// owner need not run.
 	completes stoppedEnd = iota
 	// checkTimesOut: the transfer times out in the handle check that
 	// precedes its ops (a read of the owner's guard entry the owner must
@@ -53,6 +54,8 @@ type outcome struct {
 }
 
 var outcomes = map[outcomeKey]outcome{
+	{testenv.RouteMem, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
+	{testenv.RouteMem, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
 	{testenv.RouteCMA, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
 	{testenv.RouteCMA, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
 	{testenv.RouteSHM, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},

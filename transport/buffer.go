@@ -9,6 +9,7 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -36,6 +37,11 @@ type bufState struct {
 	eps    []remoteEP   // the handle's endpoints
 	guard  uint32       // shm guard slot
 	hasGrd bool
+	shared bool // peers may map it (the mem route): a whole mr.Alloc allocation they may read
+	owned  bool // Manager.Alloc's: the memory goes with the registration
+	// kept: a peer still copied with the memory when Close stopped
+	// waiting; it is never freed. Under mu.
+	kept bool
 
 	mu           sync.Mutex
 	refs         int  // transfers using the memory
@@ -43,6 +49,28 @@ type bufState struct {
 	deregistered bool
 	stuck        int           // refs of transfers whose ops may never complete
 	drained      chan struct{} // a Close waiting for refs to reach stuck
+}
+
+// Alloc allocates n bytes (mr.Alloc) and registers them with the remote
+// access given, in one step: the Buffer owns its memory, and its Close
+// deregisters and frees it. When Close returns an error, the memory stays
+// until whatever still uses it is done (or, for a peer that still copied
+// with it on the mem route, for good); after Close the Buffer's Bytes must
+// not be used.
+func (m *Manager) Alloc(n int, access mr.Access) (*Buffer, error) {
+	mem, err := mr.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	b, err := m.Register(mem, access)
+	if err != nil {
+		_ = mr.Free(mem)
+		return nil, err
+	}
+	b.st.mu.Lock()
+	b.st.owned = true
+	b.st.mu.Unlock()
+	return b, nil
 }
 
 // Register registers mem for RMA on every backend of the manager, with
@@ -131,6 +159,24 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 			st.eps = append([]remoteEP{{provider: cma.Name, name: cma.ProcName(os.Getpid()), key: cmaKey, base: uint64(base),
 				guard: &guardRef{table: g.base, key: g.id, slot: slot, gen: gen}}}, st.eps...)
 		}
+		if m.memOn && st.iface == mr.Host && access.Allows(mr.RemoteRead) && mr.Whole(st.mem) {
+			// A peer that maps the file can read all of it: shared only
+			// when peers may read it anyway (a write-only buffer keeps
+			// the routes that write without reading).
+			st.shared = true
+			st.eps = append([]remoteEP{{provider: mem.Name, name: cma.ProcName(os.Getpid()), key: cmaKey, base: uint64(base),
+				guard: &guardRef{table: g.base, key: g.id, slot: slot, gen: gen}}}, st.eps...)
+		}
+	}
+	if len(st.eps) == 0 && access != 0 { // a buffer without remote access needs no route
+		st.revokeGuard(time.Now())
+		st.deregister()
+		why := "none of its routes can share it"
+		if m.memOn && st.iface == mr.Host && !access.Allows(mr.RemoteRead) {
+			why = "the mem route shares only memory peers may read (a mapping reads what it writes)"
+		}
+		return nil, nil, fmt.Errorf("%w: this manager has no route peers could reach the buffer by: %s; open it with cma or shm as well",
+			ErrNoRoute, why)
 	}
 	m.bufsMu.Lock()
 	m.bufs[st.id] = st
@@ -199,12 +245,18 @@ func (b *Buffer) Close() error {
 	st.m.bufsMu.Lock()
 	delete(st.m.bufs, st.id)
 	st.m.bufsMu.Unlock()
-	st.revokeGuard()
+	wait := st.m.cfg.timeout
+	if peers := st.revokeGuard(time.Now().Add(wait)); peers != nil {
+		// A peer still copies with the memory: it must stay as it is.
+		st.mu.Lock()
+		st.kept = true
+		st.mu.Unlock()
+		return &InUseError{Buffer: st.id, Peers: peers, Waited: wait}
+	}
 	if idle {
 		st.deregister()
 		return nil
 	}
-	wait := st.m.cfg.timeout
 	if drained != nil {
 		t := time.NewTimer(wait)
 		select {
@@ -283,10 +335,22 @@ func (st *bufState) Unref() {
 	}
 }
 
-func (st *bufState) revokeGuard() {
-	if st.hasGrd {
-		st.m.guard.revoke(st.guard)
+// revokeGuard invalidates the buffer's guard entry, then waits, until
+// deadline, for the ops peers run on the mem route that began before: it
+// returns the processes still in one then (their slot stays taken).
+func (st *bufState) revokeGuard(deadline time.Time) []int {
+	if !st.hasGrd {
+		return nil
 	}
+	st.m.guard.revoke(st.guard)
+	var busy []int
+	if st.shared {
+		busy = st.m.memPeers.wait(st.guard, deadline)
+	}
+	if busy == nil {
+		st.m.guard.release(st.guard)
+	}
+	return busy
 }
 
 // deregister closes the MRs, each on its backend's loop.
@@ -308,6 +372,19 @@ func (st *bufState) deregister() {
 			// The loop is closing: Manager.Close closes the MR.
 			continue
 		}
+	}
+	st.freeOwned()
+}
+
+// freeOwned frees the memory of a Manager.Alloc buffer, once, unless a
+// peer may still copy with it.
+func (st *bufState) freeOwned() {
+	st.mu.Lock()
+	free := st.owned && !st.kept
+	st.owned = false
+	st.mu.Unlock()
+	if free {
+		_ = mr.Free(st.mem)
 	}
 }
 

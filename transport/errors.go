@@ -168,10 +168,17 @@ type InUseError struct {
 	Buffer    uint64
 	Transfers int
 	Stuck     int
-	Waited    time.Duration
+	// Peers are the processes that still copied with the memory, on the
+	// mem route, when Close stopped waiting for them.
+	Peers  []int
+	Waited time.Duration
 }
 
 func (e *InUseError) Error() string {
+	if len(e.Peers) > 0 {
+		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (the mem route); "+
+			"do not free or reuse the memory before Manager.Close returns", e.Buffer, e.Peers, e.Waited)
+	}
 	why := fmt.Sprintf("still have ops in flight after %v", e.Waited)
 	if e.Waited == 0 {
 		why = "still have ops in flight that may never complete (their peer died or their endpoint is blocked)"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -100,17 +101,26 @@ func (g *guardTable) publish(id uint64, base, size, shmKey, cmaKey uint64, acces
 	return slot, gen, nil
 }
 
-// revoke invalidates an entry: handles naming it fail from now on.
+// revoke invalidates an entry: handles naming it fail from now on. The
+// slot is not reused until release: peers' marks on it (the mem route)
+// may still be the closed buffer's.
 func (g *guardTable) revoke(slot uint32) {
 	atomic.StoreUint64(g.word(slot, gwGen), atomic.LoadUint64(g.word(slot, gwGen))+1)
 	atomic.StoreUint64(g.word(slot, gwKey), 0)
 	atomic.StoreUint64(g.word(slot, gwCMAKey), 0)
 	atomic.StoreUint64(g.word(slot, gwSize), 0)
 	atomic.StoreUint64(g.word(slot, gwAccess), 0)
+}
+
+// release makes a revoked slot free for another buffer.
+func (g *guardTable) release(slot uint32) {
 	g.mu.Lock()
 	g.free = append(g.free, slot)
 	g.mu.Unlock()
 }
+
+// gen is slot's generation now.
+func (g *guardTable) gen(slot uint32) uint64 { return atomic.LoadUint64(g.word(slot, gwGen)) }
 
 // checkEntry compares a guard entry, as read from the owner, with what a
 // handle claims and what the op needs. On the cma path the entry must also
@@ -121,7 +131,7 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, vir
 	// The entry holds the buffer's virtual address; an endpoint without
 	// FI_MR_VIRT_ADDR advertises offset 0 instead (mr.RemoteAddr).
 	base := mr.RemoteAddr(virtAddr, uintptr(w(gwBase)), 0)
-	if ep.provider == cma.Name {
+	if ep.provider == cma.Name || ep.provider == mem.Name {
 		if w(gwTable) != ep.guard.key { // matchesPeer made it the verified owner's table id
 			return fmt.Errorf("%w: no guard table of buffer %d's owner at the handle's address (the owner exited?)", ErrStaleHandle, r.id)
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -34,6 +36,8 @@ type Manager struct {
 	reach    cma.Reach
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
+	memOn    bool      // the mem route: buffers shared with, and mapped from, verified peers
+	memPeers memPeers  // the peers that map this manager's buffers
 
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
@@ -80,10 +84,18 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	}
 	var picks []pick
 	useCMA, cmaWhy := cma.Available()
+	m.memOn = mem.Enabled()
 	if len(cfg.providers) > 0 {
-		useCMA = false
+		useCMA, m.memOn = false, false
 		for _, p := range cfg.providers {
 			p = canonicalProvider(p)
+			if p == mem.Name {
+				if !mem.Enabled() {
+					return nil, fmt.Errorf("the mem route is switched off here (%s=0)", mem.Env)
+				}
+				m.memOn = true
+				continue
+			}
 			if p == cma.Name {
 				if ok, why := cma.Available(); !ok {
 					return nil, fmt.Errorf("the cma path is not used here: %s", why)
@@ -152,7 +164,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
 	}
-	if m.cma != nil || bs.sameNode != nil {
+	if m.cma != nil || bs.sameNode != nil || m.memOn {
 		if m.guard, err = newGuardTable(); err != nil {
 			m.Close()
 			return nil, err
@@ -299,6 +311,13 @@ func (m *Manager) ID() ID { return m.id }
 // Backends lists the transports this manager opened, with why.
 func (m *Manager) Backends() []Backend {
 	var out []Backend
+	if m.memOn {
+		role, why := "same node", "mem: buffers from mr.Alloc are memfds; a verified process of this user maps them and copies, no system call per op"
+		if len(m.cfg.providers) > 0 {
+			role, why = "forced", "requested with WithProviders"
+		}
+		out = append(out, Backend{Provider: mem.Name, Role: role, Reason: why, Address: cma.Peer(os.Getpid())})
+	}
 	if c := m.cma; c != nil {
 		out = append(out, Backend{Provider: c.Name(), Role: c.Role, Reason: c.Reason, Address: cma.Peer(os.Getpid())})
 	}
@@ -348,8 +367,8 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
-	if rt.kind == route.CMA {
-		return Route{Backend: cma.Name, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
+	if rt.kind == route.CMA || rt.kind == route.Mem {
+		return Route{Backend: ep.provider, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
 	}
 	host := ""
 	if hp := libfabric.SockaddrHostPort(ep.name); hp != "" && b.Provider == fabric.BackendTCP {
@@ -367,9 +386,9 @@ func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
 		return fmt.Errorf("%w: buffer %d's guard table is not its owner's (process %d)", ErrStaleHandle, r.id, peer.pid)
 	case ep.guard.slot >= guardSlots:
 		return fmt.Errorf("%w: buffer %d's guard slot %d is out of range", ErrStaleHandle, r.id, ep.guard.slot)
-	case ep.provider == cma.Name && cma.PID(ep.name) != peer.pid:
+	case (ep.provider == cma.Name || ep.provider == mem.Name) && cma.PID(ep.name) != peer.pid:
 		return fmt.Errorf("%w: the handle names process %d, its owner is process %d", ErrStaleHandle, cma.PID(ep.name), peer.pid)
-	case ep.provider != cma.Name && string(ep.name) != string(peer.shmName):
+	case ep.provider != cma.Name && ep.provider != mem.Name && string(ep.name) != string(peer.shmName):
 		return fmt.Errorf("%w: the handle's shm address is not its owner's (process %d)", ErrStaleHandle, peer.pid)
 	}
 	return nil
@@ -408,11 +427,14 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		rt.loc = fabric.SameNode
 	}
 	bs := m.backends()
-	cmaEP, shmEP := r.endpoint(cma.Name), (*remoteEP)(nil)
+	cmaEP, shmEP, memEP := r.endpoint(cma.Name), (*remoteEP)(nil), r.endpoint(mem.Name)
 	if bs.sameNode != nil {
 		shmEP = r.endpoint(bs.sameNode.Name())
 	}
-	if rt.loc == fabric.SameNode && (m.cma != nil && cmaEP != nil || shmEP != nil) {
+	if !m.memOn {
+		memEP = nil
+	}
+	if rt.loc == fabric.SameNode && (m.cma != nil && cmaEP != nil || shmEP != nil || memEP != nil) {
 		peer, err := m.sameNodePeer(r.owner)
 		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
 			// A handle newer than what the owner told: it may have
@@ -427,9 +449,12 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			// process the handle names is looked at: if it is gone, so
 			// is the owner.
 			pid := 0
-			if cmaEP != nil {
+			switch {
+			case cmaEP != nil:
 				pid = cma.PID(cmaEP.name)
-			} else {
+			case memEP != nil:
+				pid = cma.PID(memEP.name)
+			default:
 				pid = libfabric.ShmPeerPID(shmEP.name)
 			}
 			if gone, why := proc.Gone(pid); gone {
@@ -442,13 +467,27 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			rt.refused = sameNodeRefusal(err)
 		}
 		if rt.gone != nil {
-			rt.gone.Provider = cma.Name
-			if m.cma == nil || cmaEP == nil {
+			switch {
+			case memEP != nil:
+				rt.gone.Provider = mem.Name
+			case m.cma != nil && cmaEP != nil:
+				rt.gone.Provider = cma.Name
+			default:
 				rt.gone.Provider = bs.sameNode.Name()
 			}
 		}
+		var memErr error
+		if err == nil && memEP != nil {
+			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
+				return rt, memErr
+			}
+			_, memErr = peer.memLink(r.owner)
+		}
 		switch {
 		case err != nil:
+		case memEP != nil && memErr == nil:
+			rt.kind, rt.ep, rt.peer = route.Mem, memEP, peer
+			return rt, nil
 		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
 			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer
 			return rt, matchesPeer(r, cmaEP, peer)
@@ -519,16 +558,28 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.mu.Unlock()
 	liveManagers.Delete(m.id)
-	if m.verifier != nil {
-		m.verifier.close()
-	}
-	m.verified.close()
 	m.bufsMu.Lock()
 	bufs := m.bufs
 	m.bufs = map[uint64]*bufState{}
 	m.bufsMu.Unlock()
-	bs := m.backends()
 	var errs []error
+	// Peers copying with a buffer on the mem route finish first: the
+	// caller frees the memory once Close returns.
+	deadline := time.Now().Add(m.cfg.timeout)
+	for _, st := range bufs {
+		if peers := st.revokeGuard(deadline); peers != nil {
+			st.mu.Lock()
+			st.kept = true
+			st.mu.Unlock()
+			errs = append(errs, &InUseError{Buffer: st.id, Peers: peers, Waited: m.cfg.timeout})
+		}
+	}
+	if m.verifier != nil {
+		m.verifier.close()
+	}
+	m.memPeers.close()
+	m.verified.close()
+	bs := m.backends()
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
@@ -551,6 +602,11 @@ func (m *Manager) Close() error {
 			continue
 		}
 		b.FreeScratch()
+	}
+	if !wedged {
+		for _, st := range bufs {
+			st.freeOwned()
+		}
 	}
 	if m.guard != nil && !wedged {
 		_ = mr.Free(m.guard.mem)

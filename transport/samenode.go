@@ -16,6 +16,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -56,6 +57,18 @@ type sameNodePeer struct {
 	// owner is not gone, so what shm holds for it stays.
 	replaced   atomic.Bool
 	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
+
+	memOnce sync.Once // sets link or linkErr: the mem route to it
+	link    *memLink
+	linkErr error
+}
+
+// closeMem ends the mem route to p, if it was set up.
+func (p *sameNodePeer) closeMem() {
+	p.memOnce.Do(func() { p.linkErr = errors.New("closed") })
+	if p.link != nil {
+		p.link.close()
+	}
 }
 
 // guardLoc is where a guard table is read, and its key.
@@ -63,7 +76,7 @@ type guardLoc struct{ table, key uint64 }
 
 // guardFor is the owner's guard table as the route that reads it sees it.
 func (p *sameNodePeer) guardFor(provider string) guardLoc {
-	if provider == cma.Name {
+	if provider == cma.Name || provider == mem.Name {
 		return p.cma
 	}
 	return p.shm
@@ -156,8 +169,7 @@ func (m *Manager) startVerifier() error {
 				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
-				var b [1]byte
-				_, _ = c.Read(b[:]) // held open until the peer or Close ends it
+				m.serveMem(c, int(cred.Pid)) // held open until the peer or Close ends it
 			}()
 		}
 	}()
@@ -434,6 +446,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 		var b [1]byte
 		_, _ = c.Read(b[:]) // returns when the owner's side ends
 		p.gone.Store(true)
+		p.closeMem()
 		if !p.replaced.Load() {
 			onGone(p)
 		}
@@ -457,6 +470,7 @@ func (p *peers) close() {
 		v.once.Do(func() {}) // a verification under way finishes first
 		if v.peer != nil {
 			_ = v.peer.conn.Close()
+			v.peer.closeMem()
 		}
 	}
 }

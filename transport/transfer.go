@@ -9,7 +9,9 @@ import (
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/internal/route/memcpy"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -71,6 +73,8 @@ type opSpec struct {
 	peer      *sameNodePeer // same-node routes: the owner the kernel verified
 	target    *bufState     // memcpy: the other buffer
 	x         *libfabric.Xfer
+	link      *memLink // mem: the route to the owner
+	mm        *memMap  // mem: the buffer's mapping, held for this op
 	submitted bool
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
 }
@@ -152,9 +156,10 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			}
 		}
 	}
-	var cmaFailed int
+	var cmaFailed, memFailed int
 	errs, cmaFailed = runCMA(lim, ops, errs)
-	failed += cmaFailed
+	errs, memFailed = runMem(lim, ops, errs)
+	failed += cmaFailed + memFailed
 	attempted := 0
 	for i := range ops {
 		o := &ops[i]
@@ -258,6 +263,13 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 		if !o.remote.access.Allows(need(o.op)) {
 			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
 		}
+		if o.kind == route.Mem && o.local.st.iface != mr.Host {
+			// Device memory cannot be copied by the CPU: cma, then shm.
+			o.kind, o.ep = route.CMA, o.remote.endpoint(cma.Name)
+			if o.ep == nil {
+				o.ep = o.remote.endpoint(mem.Name) // only its guard part serves the shm check below
+			}
+		}
 		if o.kind == route.CMA && o.local.st.iface != mr.Host {
 			// process_vm_* cannot reach device memory: shm, if both have it.
 			sn := m.backends().sameNode
@@ -279,6 +291,10 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			}
 		case o.kind == route.CMA:
 			if err := cmaCheck(o, &cmaSeen); err != nil {
+				return err
+			}
+		case o.kind == route.Mem:
+			if err := m.prepareMem(o); err != nil {
 				return err
 			}
 		case b.Scratch != nil:
@@ -448,6 +464,10 @@ func releaseOps(ops []opSpec) {
 		if o.target != nil {
 			o.target.Unref()
 			o.target = nil
+		}
+		if o.mm != nil {
+			o.mm.unref()
+			o.mm = nil
 		}
 	}
 }

@@ -134,8 +134,9 @@ func TestRouting(t *testing.T) {
 	m := newManager(t)
 	bs := m.Backends()
 	require.NotEmpty(t, bs)
-	sameNode := bs[0].Provider // cma where process_vm_readv reaches peers, else shm
-	assert.Contains(t, []string{"cma", "shm"}, sameNode)
+	assert.Equal(t, "mem", bs[0].Provider, "buffers from mr.Alloc are shared with verified peers")
+	copyRoute := bs[1].Provider // cma where process_vm_readv reaches peers, else shm
+	assert.Contains(t, []string{"cma", "shm"}, copyRoute)
 	for _, b := range bs {
 		assert.NotEmpty(t, b.Reason)
 		assert.NotEmpty(t, b.Address)
@@ -144,7 +145,13 @@ func TestRouting(t *testing.T) {
 	h := peer.Register(4096, mr.ReadWrite, 1)
 	r, err := m.Route(h)
 	require.NoError(t, err)
-	assert.Equal(t, sameNode, r.Backend, r.Reason)
+	assert.Equal(t, "mem", r.Backend, r.Reason)
+
+	// A buffer peers may only write is not shared (a mapping could read
+	// it): it is reached by a copy route.
+	r, err = m.Route(peer.Register(4096, mr.RemoteWrite, 1))
+	require.NoError(t, err)
+	assert.Equal(t, copyRoute, r.Backend, r.Reason)
 
 	// A peer with shm only is reached over shm.
 	shmPeer := testpeer.Start(t, "shm")
@@ -544,4 +551,24 @@ func TestCloseReportsWedgedEndpoint(t *testing.T) {
 			assert.NoError(t, clean.Close())
 		})
 	}
+}
+
+// TestManagerAlloc: Alloc is allocation and registration in one step,
+// and its Buffer's Close frees the memory too; a peer process reaches
+// such a buffer on the mem route.
+func TestManagerAlloc(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	m := newManager(t)
+	b, err := m.Alloc(4096, mr.ReadWrite)
+	require.NoError(t, err)
+	testpeer.Fill(b.Bytes(), 7)
+	peer := testpeer.Start(t)
+	peer.Register(4096, mr.ReadWrite, 1)
+	require.NoError(t, peer.Transfer("read", 0, b.Remote()))
+	assert.Equal(t, testpeer.Sum(b.Bytes()), peer.Sum(0, 0, 4096), "the peer read the buffer")
+	mem := b.Bytes()
+	require.True(t, mr.Whole(mem))
+	require.NoError(t, b.Close())
+	assert.False(t, mr.Whole(mem), "Close freed the memory")
+	assert.Error(t, mr.Free(mem), "freed once, by Close")
 }

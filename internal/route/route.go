@@ -25,6 +25,9 @@ const (
 	CMA
 	// Fabric: a libfabric endpoint (shm, tcp;ofi_rxm, efa).
 	Fabric
+	// Mem: the owner is a process of this node the kernel verified, and
+	// it shared the buffer's memfd; a copy between mappings.
+	Mem
 )
 
 func (k Kind) String() string {
@@ -35,6 +38,8 @@ func (k Kind) String() string {
 		return "cma"
 	case Fabric:
 		return "fabric"
+	case Mem:
+		return "mem"
 	}
 	return "none"
 }

@@ -48,10 +48,12 @@ func LoopbackOnly() {
 const TCPIfaceEnv = "FI_TCP_IFACE"
 
 // The routes a transfer to another process takes, as the provider names
-// tests force them with (transport.WithProviders): fitransfer's own
-// process_vm_readv/writev path, libfabric's shm, and libfabric's tcp
-// under rxm. cma is fitransfer's code, on every libfabric version.
+// tests force them with (transport.WithProviders): fitransfer's mapped
+// memfds, its own process_vm_readv/writev path, libfabric's shm, and
+// libfabric's tcp under rxm. mem and cma are fitransfer's code, on every
+// libfabric version.
 const (
+	RouteMem = "mem"
 	RouteCMA = "cma"
 	RouteSHM = "shm"
 	RouteTCP = "tcp;ofi_rxm"
@@ -61,7 +63,7 @@ const (
 // turn. It leaves none out: a subtest calls RequireRoute, so that a
 // route this machine lacks shows as a skip with its reason (a failure
 // under CI=true), never as a subtest that is not there.
-func Routes() []string { return []string{RouteCMA, RouteSHM, RouteTCP} }
+func Routes() []string { return []string{RouteMem, RouteCMA, RouteSHM, RouteTCP} }
 
 // RequireRoute needs what route needs on this machine: cma, RequireCMA;
 // shm and tcp;ofi_rxm come with libfabric.

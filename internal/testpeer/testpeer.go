@@ -143,6 +143,7 @@ func child(in io.Reader, out io.Writer) int {
 			return fail(err)
 		}
 		var rep reply
+		var err error // this command's
 		if req.Cmd != "register" && req.Cmd != "exit" && (req.Buf < 0 || req.Buf >= len(bufs)) {
 			rep.Err = fmt.Sprintf("no buffer %d", req.Buf)
 			_ = enc.Encode(rep)
@@ -159,6 +160,11 @@ func child(in io.Reader, out io.Writer) int {
 			Fill(mems[req.Buf], req.Seed)
 		case "close":
 			err = bufs[req.Buf].Close()
+		case "closefill":
+			// At once after Close: a peer's write that lands later shows.
+			if err = bufs[req.Buf].Close(); err == nil {
+				Fill(mems[req.Buf], req.Seed)
+			}
 		case "xfer", "loop":
 			var h transport.RemoteBuffer
 			if err = h.UnmarshalBinary(req.Handle); err != nil {
@@ -403,6 +409,18 @@ func (p *Peer) FillBuf(buf int, seed uint64) {
 func (p *Peer) CloseBuf(buf int) {
 	p.t.Helper()
 	p.do(request{Cmd: "close", Buf: buf})
+}
+
+// CloseFill closes buffer buf in the child and, as soon as Close
+// returned nil, fills its memory with the pattern of seed; it returns
+// Close's error.
+func (p *Peer) CloseFill(buf int, seed uint64) error {
+	p.t.Helper()
+	rep := p.do(request{Cmd: "closefill", Buf: buf, Seed: seed})
+	if rep.Err != "" {
+		return errors.New(rep.Err)
+	}
+	return nil
 }
 
 // Transfer makes the child read (op "read") the remote buffer h into its
