@@ -31,7 +31,9 @@ func NewPingPongBuffer(cfg Config) (*PingPongBuffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf, err := cfg.Manager.Register(mem, mr.RemoteWrite)
+	// Read-write, though the server only writes: the mem route shares
+	// only memory peers may read, and on it the pingpong is a memory one.
+	buf, err := cfg.Manager.Register(mem, mr.ReadWrite)
 	if err != nil {
 		_ = mr.Free(mem)
 		return nil, err

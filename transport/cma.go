@@ -5,6 +5,7 @@ import (
 
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 )
 
 // CMAError is a failed copy on the cma route (process_vm_readv/writev):
@@ -15,6 +16,15 @@ type CMAError = cma.Error
 // bytes themselves with process_vm_readv/writev (the cma route), and why
 // not when they do not.
 func CMAAvailable() (bool, string) { return cma.Available() }
+
+// MemAvailable reports whether managers of this process use the mem
+// route (FITRANSFER_MEM is not 0), and why not when they do not.
+func MemAvailable() (bool, string) {
+	if !mem.Enabled() {
+		return false, mem.Env + "=0 switches the mem route off"
+	}
+	return true, ""
+}
 
 // cmaEntries keeps the guard entries one request has read, so that its
 // ops on the same buffer cost one process_vm_readv, not one each.

@@ -70,7 +70,7 @@ type benchOptions struct {
 func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs := flag.NewFlagSet("fitransfer bench", flag.ContinueOnError)
 	o := &benchOptions{}
-	fs.StringVar(&o.providers, "providers", "", "providers to sweep, comma-separated (default: every usable one of cma, shm, tcp;ofi_rxm, efa)")
+	fs.StringVar(&o.providers, "providers", "", "providers to sweep, comma-separated (default: every usable one of mem, cma, shm, tcp;ofi_rxm, efa)")
 	fs.StringVar(&o.sizes, "S", "8,4k,64k,1m", "sizes (as read/write -S, or a comma-separated list)")
 	fs.IntVar(&o.iters, "I", 0, "iterations per size (default: fabtests' per size)")
 	fs.IntVar(&o.warmup, "w", 10, "warm-up iterations per size")
@@ -141,6 +141,9 @@ func benchProviders(spec string) ([]string, error) {
 		return nil, err
 	}
 	var out []string
+	if ok, _ := transport.MemAvailable(); ok {
+		out = append(out, "mem")
+	}
 	if ok, _ := transport.CMAAvailable(); ok {
 		out = append(out, "cma")
 	}
@@ -438,7 +441,7 @@ func (p *peerTools) run(ctx context.Context, r perftest.Row) peerResult {
 		res.tool += " -U -j 0"
 	}
 	prov := r.Provider
-	if prov == "cma" {
+	if prov == "cma" || prov == "mem" {
 		prov = "shm" // the peer tools' same-node provider
 		res.tool += " (shm)"
 	}
