@@ -422,6 +422,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			peer, err = m.reverify(r.owner, peer)
 		}
 		switch {
+		case err == nil:
 		case errors.Is(err, errNoAnswer):
 			// Nobody answers for the owner. Only to explain that, the
 			// process the handle names is looked at: if it is gone, so
@@ -436,10 +437,14 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
 			}
 			rt.refused = sameNodeRefusal(err)
-		case errors.As(err, &rt.gone):
-			rt.refused = err.Error()
-		case err != nil:
-			rt.refused = sameNodeRefusal(err)
+		default:
+			// peerGoneOf, not errors.As(err, &rt.gone): taking rt's
+			// address would move rt to the heap on every op.
+			if rt.gone = peerGoneOf(err); rt.gone != nil {
+				rt.refused = err.Error()
+			} else {
+				rt.refused = sameNodeRefusal(err)
+			}
 		}
 		if rt.gone != nil {
 			rt.gone.Provider = cma.Name
@@ -489,6 +494,15 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			ErrAccessDenied, rt.refused, r.Providers(), local)
 	}
 	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
+}
+
+// peerGoneOf is the *progress.PeerGoneError in err's tree, or nil.
+func peerGoneOf(err error) *progress.PeerGoneError {
+	var gone *progress.PeerGoneError
+	if errors.As(err, &gone) {
+		return gone
+	}
+	return nil
 }
 
 // Poll progresses every backend once (skipping those another goroutine is
