@@ -744,7 +744,7 @@ func (l *Loop) post() bool {
 		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
 		flags := uint64(fabric.OpCompletion) | j.Flags
-		l.port.set(len(l.batch), &fabric.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
+		l.port.set(len(l.batch), fabric.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
 			Key: c.Key, Peer: j.Peer, Flags: flags, Slot: slot, Write: j.Op == Write})
 		l.batch = append(l.batch, posting{rec, slot})
 		j.next++

@@ -46,9 +46,9 @@ func newFakePort() *fakePort {
 
 func (f *fakePort) provider() string { return "fake" }
 
-func (f *fakePort) set(i int, op *fabric.Op) {
+func (f *fakePort) set(i int, op fabric.Op) {
 	f.mu.Lock()
-	f.batch[i] = *op
+	f.batch[i] = op
 	f.mu.Unlock()
 }
 
