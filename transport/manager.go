@@ -35,6 +35,10 @@ type Manager struct {
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 
+	// guardDirect: shm handle checks read the owner's guard entry with
+	// process_vm_readv themselves where shm would (shmCheckDirect).
+	guardDirect bool
+
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
 	// replaceMu: a replacement holds it, a registration reads it, so
@@ -151,6 +155,9 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		}
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
+	}
+	if ok, _ := cma.Available(); ok && bs.sameNode != nil {
+		m.guardDirect = libfabric.SingleCopy()
 	}
 	if m.cma != nil || bs.sameNode != nil {
 		if m.guard, err = newGuardTable(); err != nil {

@@ -285,6 +285,12 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			if ep.guard == nil {
 				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
 			}
+			if done, err := m.shmCheckDirect(o, &cmaSeen); done {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			if checkBackend == nil {
 				checkBackend = b
 			}
