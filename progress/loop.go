@@ -69,8 +69,8 @@ type Job struct {
 	busy atomic.Bool
 
 	// under the loop's drive lock
-	running        int // index in Loop.running, -1 when not there
-	checked        time.Time
+	running        int   // index in Loop.running, -1 when not there
+	checked        int64 // monoNow of the last Check (or of intake)
 	next, inflight int
 	finished       bool
 	stopPosting    bool
@@ -89,7 +89,7 @@ func (j *Job) Reset() {
 	default:
 	}
 	j.Op, j.Peer, j.PeerName, j.Flags = 0, 0, "", 0
-	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, time.Time{}
+	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, 0
 	j.Chunks = j.Chunks[:0]
 	j.Errs = j.Errs[:0]
 	j.Completed, j.Attempted = 0, 0
@@ -394,7 +394,7 @@ func (l *Loop) abort(j *Job, gen uint64, cause error) {
 	// The job may still be in the inbox: take it in first, so that it is
 	// in no queue once finished. Left in the inbox, it would come back
 	// after its submitter reused it and finish the next transfer early.
-	l.intake()
+	l.intake(monoNow())
 	l.expire(j, cause)
 }
 
@@ -651,7 +651,7 @@ func (l *Loop) iterate(now int64) bool {
 	if l.iter&15 == 0 {
 		l.rounds.Store(uint64(l.iter))
 	}
-	worked := l.intake()
+	worked := l.intake(now)
 	if l.post() {
 		worked = true
 	}
@@ -663,7 +663,7 @@ func (l *Loop) iterate(now int64) bool {
 	}
 	if len(l.running) > 0 && (l.iter&255 == 0 || !worked && now-l.deadlineAt >= int64(deadlineGrain)) {
 		l.deadlineAt = now
-		l.checkDeadlines(time.Now())
+		l.checkDeadlines(time.Now(), now)
 	}
 	if worked {
 		l.lastActive = now
@@ -691,8 +691,9 @@ func yieldIfDue(now int64, yielded *int64) {
 // enough that reading the wall clock costs a spinning loop nothing.
 const deadlineGrain = 50 * time.Microsecond
 
-// intake takes the submitted jobs. Under the drive lock.
-func (l *Loop) intake() bool {
+// intake takes the submitted jobs at now (monoNow: the round's clock, not
+// a read per job). Under the drive lock.
+func (l *Loop) intake(now int64) bool {
 	l.mu.Lock()
 	jobs := l.inbox
 	l.inbox = l.spareJobs[:0]
@@ -705,7 +706,7 @@ func (l *Loop) intake() bool {
 			continue
 		}
 		j.running = len(l.running)
-		j.checked = time.Now()
+		j.checked = now
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
 	}
@@ -943,17 +944,17 @@ func (l *Loop) expire(j *Job, cause error) {
 // CheckEvery is how often a running job's Check is called.
 const CheckEvery = 100 * time.Millisecond
 
-// checkDeadlines expires the running jobs whose deadline passed, and runs
-// the Check of those due.
-func (l *Loop) checkDeadlines(now time.Time) {
+// checkDeadlines expires the running jobs whose deadline passed at now,
+// and runs the Check of those due at mono (monoNow).
+func (l *Loop) checkDeadlines(now time.Time, mono int64) {
 	for i := 0; i < len(l.running); {
 		j := l.running[i]
 		if !j.Deadline.IsZero() && now.After(j.Deadline) {
 			l.expire(j, context.DeadlineExceeded) // removes j from running
 			continue
 		}
-		if j.Check != nil && now.Sub(j.checked) >= CheckEvery {
-			j.checked = now
+		if j.Check != nil && mono-j.checked >= int64(CheckEvery) {
+			j.checked = mono
 			if err := j.Check(j); err != nil {
 				j.stopPosting = true
 				l.finish(j, err) // removes j from running
