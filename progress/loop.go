@@ -175,6 +175,7 @@ type Loop struct {
 	deadlineAt int64 // monoNow of the last deadline check
 	postMax    int   // ops the next post tries at most: see post
 	stale      int   // completions whose op context was not live (logged, dropped)
+	woke       bool  // a job finished in this round of iterate (run yields then)
 }
 
 // monoBase is the origin of monoNow.
@@ -257,15 +258,21 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		l.kick()
 		// Watch for the job a moment before parking: the loop often
 		// finishes a small op within microseconds, and waking a parked
-		// goroutine costs more than that.
+		// goroutine costs more than that. Yield now and then: when the
+		// loop's goroutine waits for this P (the other thread busy, or
+		// descheduled on a loaded machine), it runs at once instead of
+		// after the watch.
 		for start, i := monoNow(), 0; ; i++ {
 			select {
 			case <-j.done:
 				return nil
 			default:
 			}
-			if i&63 == 63 && monoNow()-start > int64(passiveSpin) {
-				break
+			if i&63 == 63 {
+				if monoNow()-start > int64(passiveSpin) {
+					break
+				}
+				runtime.Gosched()
 			}
 		}
 		return l.waitPassive(ctx, j)
@@ -615,7 +622,16 @@ func (l *Loop) run() {
 		now = monoNow() // the lock may have been held a while
 		worked := l.iterate(now)
 		idleFor := time.Duration(now - l.lastActive)
+		woke := l.woke
 		l.drive.Unlock()
+		if woke {
+			// The finished job's waiter, if parked, was made runnable on
+			// this goroutine's P: let it run now, not at the next yield
+			// (up to yieldEvery away) or whenever another thread steals
+			// it — which on a loaded machine took as long.
+			runtime.Gosched()
+			yielded = now
+		}
 		if l.pollers.Load() > 0 {
 			select {
 			case l.roundDone <- struct{}{}:
@@ -647,6 +663,7 @@ func (l *Loop) iterate(now int64) bool {
 	}
 	l.inCall.Store(now)
 	defer l.inCall.Store(0)
+	l.woke = false
 	l.iter++
 	if l.iter&15 == 0 {
 		l.rounds.Store(uint64(l.iter))
@@ -917,6 +934,7 @@ func (l *Loop) finish(j *Job, err error) {
 	j.running = -1
 	l.dropActive(j)
 	j.done <- struct{}{}
+	l.woke = true
 }
 
 // dropActive removes a finished job from the posting queue.
