@@ -69,8 +69,8 @@ type Job struct {
 	busy atomic.Bool
 
 	// under the loop's drive lock
-	running        int // index in Loop.running, -1 when not there
-	checked        time.Time
+	running        int   // index in Loop.running, -1 when not there
+	checked        int64 // monoNow of the last Check (or of intake)
 	next, inflight int
 	finished       bool
 	stopPosting    bool
@@ -89,7 +89,7 @@ func (j *Job) Reset() {
 	default:
 	}
 	j.Op, j.Peer, j.PeerName, j.Flags = 0, 0, "", 0
-	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, time.Time{}
+	j.Start, j.Deadline, j.Check, j.checked = time.Time{}, time.Time{}, nil, 0
 	j.Chunks = j.Chunks[:0]
 	j.Errs = j.Errs[:0]
 	j.Completed, j.Attempted = 0, 0
@@ -175,6 +175,7 @@ type Loop struct {
 	deadlineAt int64 // monoNow of the last deadline check
 	postMax    int   // ops the next post tries at most: see post
 	stale      int   // completions whose op context was not live (logged, dropped)
+	woke       bool  // a job finished in this round of iterate (run yields then)
 }
 
 // monoBase is the origin of monoNow.
@@ -257,15 +258,21 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		l.kick()
 		// Watch for the job a moment before parking: the loop often
 		// finishes a small op within microseconds, and waking a parked
-		// goroutine costs more than that.
+		// goroutine costs more than that. Yield now and then: when the
+		// loop's goroutine waits for this P (the other thread busy, or
+		// descheduled on a loaded machine), it runs at once instead of
+		// after the watch.
 		for start, i := monoNow(), 0; ; i++ {
 			select {
 			case <-j.done:
 				return nil
 			default:
 			}
-			if i&63 == 63 && monoNow()-start > int64(passiveSpin) {
-				break
+			if i&63 == 63 {
+				if monoNow()-start > int64(passiveSpin) {
+					break
+				}
+				runtime.Gosched()
 			}
 		}
 		return l.waitPassive(ctx, j)
@@ -394,7 +401,7 @@ func (l *Loop) abort(j *Job, gen uint64, cause error) {
 	// The job may still be in the inbox: take it in first, so that it is
 	// in no queue once finished. Left in the inbox, it would come back
 	// after its submitter reused it and finish the next transfer early.
-	l.intake()
+	l.intake(monoNow())
 	l.expire(j, cause)
 }
 
@@ -615,7 +622,16 @@ func (l *Loop) run() {
 		now = monoNow() // the lock may have been held a while
 		worked := l.iterate(now)
 		idleFor := time.Duration(now - l.lastActive)
+		woke := l.woke
 		l.drive.Unlock()
+		if woke {
+			// The finished job's waiter, if parked, was made runnable on
+			// this goroutine's P: let it run now, not at the next yield
+			// (up to yieldEvery away) or whenever another thread steals
+			// it — which on a loaded machine took as long.
+			runtime.Gosched()
+			yielded = now
+		}
 		if l.pollers.Load() > 0 {
 			select {
 			case l.roundDone <- struct{}{}:
@@ -647,11 +663,12 @@ func (l *Loop) iterate(now int64) bool {
 	}
 	l.inCall.Store(now)
 	defer l.inCall.Store(0)
+	l.woke = false
 	l.iter++
 	if l.iter&15 == 0 {
 		l.rounds.Store(uint64(l.iter))
 	}
-	worked := l.intake()
+	worked := l.intake(now)
 	if l.post() {
 		worked = true
 	}
@@ -663,7 +680,7 @@ func (l *Loop) iterate(now int64) bool {
 	}
 	if len(l.running) > 0 && (l.iter&255 == 0 || !worked && now-l.deadlineAt >= int64(deadlineGrain)) {
 		l.deadlineAt = now
-		l.checkDeadlines(time.Now())
+		l.checkDeadlines(time.Now(), now)
 	}
 	if worked {
 		l.lastActive = now
@@ -691,8 +708,9 @@ func yieldIfDue(now int64, yielded *int64) {
 // enough that reading the wall clock costs a spinning loop nothing.
 const deadlineGrain = 50 * time.Microsecond
 
-// intake takes the submitted jobs. Under the drive lock.
-func (l *Loop) intake() bool {
+// intake takes the submitted jobs at now (monoNow: the round's clock, not
+// a read per job). Under the drive lock.
+func (l *Loop) intake(now int64) bool {
 	l.mu.Lock()
 	jobs := l.inbox
 	l.inbox = l.spareJobs[:0]
@@ -705,7 +723,7 @@ func (l *Loop) intake() bool {
 			continue
 		}
 		j.running = len(l.running)
-		j.checked = time.Now()
+		j.checked = now
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
 	}
@@ -744,7 +762,7 @@ func (l *Loop) post() bool {
 		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
 		flags := uint64(fabric.OpCompletion) | j.Flags
-		l.port.set(len(l.batch), &fabric.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
+		l.port.set(len(l.batch), fabric.Op{Local: c.Local, Len: c.Len, Desc: c.Desc, Remote: c.Remote,
 			Key: c.Key, Peer: j.Peer, Flags: flags, Slot: slot, Write: j.Op == Write})
 		l.batch = append(l.batch, posting{rec, slot})
 		j.next++
@@ -916,6 +934,7 @@ func (l *Loop) finish(j *Job, err error) {
 	j.running = -1
 	l.dropActive(j)
 	j.done <- struct{}{}
+	l.woke = true
 }
 
 // dropActive removes a finished job from the posting queue.
@@ -943,17 +962,17 @@ func (l *Loop) expire(j *Job, cause error) {
 // CheckEvery is how often a running job's Check is called.
 const CheckEvery = 100 * time.Millisecond
 
-// checkDeadlines expires the running jobs whose deadline passed, and runs
-// the Check of those due.
-func (l *Loop) checkDeadlines(now time.Time) {
+// checkDeadlines expires the running jobs whose deadline passed at now,
+// and runs the Check of those due at mono (monoNow).
+func (l *Loop) checkDeadlines(now time.Time, mono int64) {
 	for i := 0; i < len(l.running); {
 		j := l.running[i]
 		if !j.Deadline.IsZero() && now.After(j.Deadline) {
 			l.expire(j, context.DeadlineExceeded) // removes j from running
 			continue
 		}
-		if j.Check != nil && now.Sub(j.checked) >= CheckEvery {
-			j.checked = now
+		if j.Check != nil && mono-j.checked >= int64(CheckEvery) {
+			j.checked = mono
 			if err := j.Check(j); err != nil {
 				j.stopPosting = true
 				l.finish(j, err) // removes j from running

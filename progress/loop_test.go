@@ -46,9 +46,9 @@ func newFakePort() *fakePort {
 
 func (f *fakePort) provider() string { return "fake" }
 
-func (f *fakePort) set(i int, op *fabric.Op) {
+func (f *fakePort) set(i int, op fabric.Op) {
 	f.mu.Lock()
-	f.batch[i] = *op
+	f.batch[i] = op
 	f.mu.Unlock()
 }
 
@@ -313,7 +313,7 @@ func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
 	step(l)
 	assert.Equal(t, 2, f.inFlight(), "a holds both contexts")
 	l.drive.Lock()
-	l.checkDeadlines(time.Now())
+	l.checkDeadlines(time.Now(), monoNow())
 	l.drive.Unlock()
 	require.True(t, isDone(b), "b expired while queued behind a")
 	var te *TimeoutError
@@ -327,7 +327,7 @@ func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
 	// (OnIdle: its memory may go) only when they complete.
 	a.Deadline = past
 	l.drive.Lock()
-	l.checkDeadlines(time.Now())
+	l.checkDeadlines(time.Now(), monoNow())
 	l.drive.Unlock()
 	require.True(t, isDone(a))
 	require.ErrorAs(t, a.Errs[0], &te)

@@ -1,11 +1,13 @@
 package transport
 
 import (
+	"encoding/binary"
 	"sync"
 
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // CMAError is a failed copy on the cma route (process_vm_readv/writev):
@@ -37,27 +39,65 @@ type cmaEntries struct {
 	entries [4][guardEntrySize]byte
 }
 
-// cmaCheck reads the buffer's guard entry from its owner (or takes it from
-// seen, when this request already read it) and checks the handle and the
-// op against it.
-func cmaCheck(o *opSpec, seen *cmaEntries) error {
+// readEntry reads into entry the guard entry of op o's buffer from its
+// owner's table with process_vm_readv, at the address the verified owner
+// gave, or copies it from seen when this request already read it.
+func readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte) error {
 	pid := o.peer.pid
 	addr := o.peer.cma.table + uint64(o.ep.guard.slot)*guardEntrySize
 	for i := 0; i < seen.n; i++ {
 		if seen.keys[i].pid == pid && seen.keys[i].addr == addr {
-			return checkEntry(seen.entries[i][:], &o.remote, o.ep, need(o.op), true)
+			*entry = seen.entries[i]
+			return nil
 		}
 	}
-	var entry [guardEntrySize]byte
 	if err := cma.ReadAt(o.op, pid, addr, entry[:], o.remote.n); err != nil {
 		return err
 	}
 	if seen.n < len(seen.keys) {
 		seen.keys[seen.n].pid, seen.keys[seen.n].addr = pid, addr
-		seen.entries[seen.n] = entry
+		seen.entries[seen.n] = *entry
 		seen.n++
 	}
+	return nil
+}
+
+// cmaCheck reads the buffer's guard entry from its owner (or takes it from
+// seen, when this request already read it) and checks the handle and the
+// op against it.
+func cmaCheck(o *opSpec, seen *cmaEntries) error {
+	var entry [guardEntrySize]byte
+	if err := readEntry(o, seen, &entry); err != nil {
+		return err
+	}
 	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
+}
+
+// shmCheckDirect is the handle check of an op on the shm route, done in
+// the calling goroutine when shm itself would read the guard entry with
+// process_vm_readv from this process (libfabric.SingleCopy: libfabric
+// 1.x, the owner reached): the same read of the same entry, without a job
+// through the endpoint's progress loop — on libfabric 1.x a passive loop,
+// so the job cost two goroutine hand-offs, about as much as the op. The
+// check itself is checkEntry, as over shm, and runs before every op: it
+// is what finds a closed or re-registered buffer (a new generation in
+// the owner's table), so no entry is ever taken as known from an earlier
+// op. It reports false, leaving the check to verifyGuards, where that
+// read is not shm's own, and when the read fails or the entry is not in
+// the verified owner's table (its process exited and the pid was reused):
+// the read over shm then fails as it always did.
+func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
+	if !m.guardDirect || !m.reach.Reaches(o.peer.pid, o.peer.cma.table) {
+		return false, nil
+	}
+	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {
+		return true, err // as verifyPeerGuards, before its read
+	}
+	var entry [guardEntrySize]byte
+	if readEntry(o, seen, &entry) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
+		return false, nil
+	}
+	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
 }
 
 // cmaRequest is the cma ops of one request, pooled so that a request of

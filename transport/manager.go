@@ -39,6 +39,10 @@ type Manager struct {
 	memOn    bool      // the mem route: buffers shared with, and mapped from, verified peers
 	memPeers memPeers  // the peers that map this manager's buffers
 
+	// guardDirect: shm handle checks read the owner's guard entry with
+	// process_vm_readv themselves where shm would (shmCheckDirect).
+	guardDirect bool
+
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
 	// replaceMu: a replacement holds it, a registration reads it, so
@@ -163,6 +167,9 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		}
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
+	}
+	if ok, _ := cma.Available(); ok && bs.sameNode != nil {
+		m.guardDirect = libfabric.SingleCopy()
 	}
 	if m.cma != nil || bs.sameNode != nil || m.memOn {
 		if m.guard, err = newGuardTable(); err != nil {
@@ -444,6 +451,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			peer, err = m.reverify(r.owner, peer)
 		}
 		switch {
+		case err == nil:
 		case errors.Is(err, errNoAnswer):
 			// Nobody answers for the owner. Only to explain that, the
 			// process the handle names is looked at: if it is gone, so
@@ -461,10 +469,14 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
 			}
 			rt.refused = sameNodeRefusal(err)
-		case errors.As(err, &rt.gone):
-			rt.refused = err.Error()
-		case err != nil:
-			rt.refused = sameNodeRefusal(err)
+		default:
+			// peerGoneOf, not errors.As(err, &rt.gone): taking rt's
+			// address would move rt to the heap on every op.
+			if rt.gone = peerGoneOf(err); rt.gone != nil {
+				rt.refused = err.Error()
+			} else {
+				rt.refused = sameNodeRefusal(err)
+			}
 		}
 		if rt.gone != nil {
 			switch {
@@ -528,6 +540,15 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			ErrAccessDenied, rt.refused, r.Providers(), local)
 	}
 	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
+}
+
+// peerGoneOf is the *progress.PeerGoneError in err's tree, or nil.
+func peerGoneOf(err error) *progress.PeerGoneError {
+	var gone *progress.PeerGoneError
+	if errors.As(err, &gone) {
+		return gone
+	}
+	return nil
 }
 
 // Poll progresses every backend once (skipping those another goroutine is

@@ -92,9 +92,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if err := ctx.Err(); err != nil {
 		return notStarted(kind, ops, err) // on every route, before anything is looked up or moved
 	}
+	// One clock read for the request: its start, and its deadline when
+	// the context has none.
+	start := time.Now()
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(m.cfg.timeout)
+		deadline = start.Add(m.cfg.timeout)
 	}
 	if err := m.acquire(); err != nil {
 		return err
@@ -111,7 +114,6 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		errs   []error
 		failed int
 	)
-	start := time.Now()
 	for i := range ops {
 		o := &ops[i]
 		total += o.remote.n
@@ -300,6 +302,12 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 		case b.Scratch != nil:
 			if ep.guard == nil {
 				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
+			}
+			if done, err := m.shmCheckDirect(o, &cmaSeen); done {
+				if err != nil {
+					return err
+				}
+				continue
 			}
 			if checkBackend == nil {
 				checkBackend = b

@@ -2,6 +2,12 @@ package ofi
 
 /*
 #include "ofi.h"
+
+// ft_eq_poll keeps no pointer it is given and calls no Go: without these,
+// PollEQ's two output ints move to the heap, one allocation per poll of a
+// busy loop's event queue.
+#cgo noescape ft_eq_poll
+#cgo nocallback ft_eq_poll
 */
 import "C"
 

@@ -3,11 +3,10 @@
 package proc
 
 import (
+	"bytes"
 	"errors"
 	"io/fs"
-	"os"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +23,14 @@ func Gone(pid int) (bool, string) {
 	if pid <= 0 {
 		return false, ""
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	// The path and the bytes on the stack: progress loops ask this of
+	// every shm job still running, every CheckEvery, and os.ReadFile cost
+	// 9 allocations; this costs the one unix.Open makes of the path.
+	var path [32]byte
+	p := strconv.AppendInt(append(path[:0], "/proc/"...), int64(pid), 10)
+	p = append(p, "/stat"...)
+	var b [256]byte
+	n, err := readHead(string(p), b[:])
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ESRCH):
 		return true, "process " + strconv.Itoa(pid) + " no longer exists"
@@ -37,9 +43,10 @@ func Gone(pid int) (bool, string) {
 		return false, ""
 	}
 	// "pid (comm) state ...": comm may hold anything, ')' too, so the
-	// state is the field after the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
+	// state is the field after the last ')'; no field after it holds one,
+	// so the first 256 bytes (comm is at most 64) are enough.
+	s := b[:n]
+	i := bytes.LastIndexByte(s, ')')
 	if i < 0 || i+2 >= len(s) {
 		return false, ""
 	}
@@ -48,4 +55,23 @@ func Gone(pid int) (bool, string) {
 		return true, "process " + strconv.Itoa(pid) + " exited (a zombie: its parent has not reaped it yet)"
 	}
 	return false, ""
+}
+
+// readHead reads the first len(b) bytes of the file at path.
+func readHead(path string, b []byte) (int, error) {
+	fd, err := ignoringEINTR(func() (int, error) { return unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return ignoringEINTR(func() (int, error) { return unix.Read(fd, b) })
+}
+
+func ignoringEINTR(call func() (int, error)) (int, error) {
+	for {
+		n, err := call()
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
 }

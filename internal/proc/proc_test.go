@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
 // procState is a process's state letter from /proc/PID/stat, or 0.
@@ -58,4 +60,24 @@ func TestGone(t *testing.T) {
 	gone, why = Gone(pid)
 	assert.True(t, gone, "a reaped process is gone")
 	assert.Contains(t, why, "no longer exists")
+}
+
+// TestGoneAllocatesLittle: asking about a live process allocates at most
+// once (unix.Open's copy of the path): progress loops ask it of every shm
+// job still running, every CheckEvery.
+func TestGoneAllocatesLittle(t *testing.T) {
+	if testenv.RaceEnabled {
+		t.Skip("the race detector allocates for its own bookkeeping")
+	}
+	cmd := exec.Command("sleep", "60")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	allocs := testing.AllocsPerRun(100, func() {
+		if gone, why := Gone(pid); gone {
+			t.Fatalf("a live process is gone: %s", why)
+		}
+	})
+	t.Logf("%v allocations", allocs)
+	assert.LessOrEqual(t, allocs, 1.0)
 }

@@ -40,6 +40,13 @@ func shmSingleCopyAllowed() bool {
 	return cmaSetting.ok
 }
 
+// SingleCopy reports whether this process's shm copies RMA ops itself
+// with process_vm_readv/writev toward a peer that process_vm_readv
+// reaches (libfabric 1.x's single-copy path, see above), the owner not
+// involved: then reading a few bytes of the owner with process_vm_readv
+// is what shm would do for them.
+func SingleCopy() bool { return shmSingleCopyAllowed() }
+
 // ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.
 func ShmPeerPID(name []byte) int {

@@ -117,11 +117,13 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 	attempt, tries := start.UnixNano(), 0
 	for {
 		j := x.job
-		now := time.Now().UnixNano()
 		if len(j.Errs) == 0 {
-			d.ok(now)
+			if d.at.Load() != 0 { // the clock only after a drop: every tcp op comes here
+				d.ok(time.Now().UnixNano())
+			}
 			return x, false, nil
 		}
+		now := time.Now().UnixNano()
 		if !connLost(j.Errs, false) {
 			return x, false, nil // other errors: they explain it
 		}

@@ -1,0 +1,99 @@
+package transport_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// TestShmHandleCheck: on shm, every op reads its buffer's guard entry
+// from the owner — whether directly with process_vm_readv (where shm
+// would copy that way itself) or over shm — so a buffer the owner closed,
+// and a handle of the registration that an entry's slot served before,
+// fail with ErrStaleHandle before anything moves, and the new handle
+// works.
+func TestShmHandleCheck(t *testing.T) {
+	const n = 4096
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	for _, mode := range []string{"direct", "over shm"} {
+		t.Run(mode, func(t *testing.T) {
+			m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+			if mode == "over shm" {
+				transport.GuardOverShm(m)
+			} else if ok, _ := transport.CMAAvailable(); ok && fabric.RuntimeVersion().Major() == 1 && !fabric.EnvTruthy("FI_SHM_DISABLE_CMA") {
+				require.True(t, transport.GuardDirect(m), "shm copies with process_vm_readv here: its handle checks must too")
+			} else {
+				require.False(t, transport.GuardDirect(m))
+				t.Log("shm does not copy with process_vm_readv here: both modes read over shm")
+			}
+			owner := testpeer.Start(t, testenv.RouteSHM)
+			h := owner.Register(n, mr.ReadWrite, 1)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+			ctx := ctxTimeout(t, time.Minute)
+			require.NoError(t, m.ReadInto(ctx, local, h))
+			require.Equal(t, testpeer.Pattern(n, 1), mem)
+			require.NoError(t, m.WriteFrom(ctx, h, local))
+
+			owner.CloseBuf(0)
+			want := owner.Sum(0, 0, n)
+			testpeer.Fill(mem, 9)
+			assert.ErrorIs(t, m.WriteFrom(ctx, h, local), transport.ErrStaleHandle)
+			assert.Equal(t, want, owner.Sum(0, 0, n), "a closed buffer was written")
+			assert.ErrorIs(t, m.ReadInto(ctx, local, h), transport.ErrStaleHandle)
+			assert.Equal(t, testpeer.Pattern(n, 9), mem, "a closed buffer was read")
+
+			// The next registration takes the freed slot, with a new
+			// generation: the old handle names the slot and stays stale.
+			h2 := owner.Register(n, mr.ReadWrite, 2)
+			require.Equal(t, guardOf(t, h).Slot, guardOf(t, h2).Slot, "the slot is reused")
+			require.NotEqual(t, guardOf(t, h).Gen, guardOf(t, h2).Gen)
+			assert.ErrorIs(t, m.ReadInto(ctx, local, h), transport.ErrStaleHandle)
+			assert.ErrorIs(t, m.WriteFrom(ctx, h, local), transport.ErrStaleHandle)
+			assert.Equal(t, testpeer.Pattern(n, 9), mem)
+			require.NoError(t, m.ReadInto(ctx, local, h2))
+			assert.Equal(t, testpeer.Pattern(n, 2), mem)
+
+			// An action with ops on both: refused whole, before anything moves.
+			testpeer.Fill(mem, 10)
+			a := m.NewAction().AllowOverlap().ReadInto(local, h2).ReadInto(local, h)
+			assert.ErrorIs(t, a.Submit(ctx), transport.ErrStaleHandle)
+			assert.Equal(t, testpeer.Pattern(n, 10), mem)
+		})
+	}
+}
+
+// guard is a handle's shm guard, from its JSON form.
+type guard struct {
+	Slot uint32 `json:"slot"`
+	Gen  string `json:"gen"`
+}
+
+func guardOf(t *testing.T, h transport.RemoteBuffer) guard {
+	t.Helper()
+	b, err := json.Marshal(h)
+	require.NoError(t, err)
+	var v struct {
+		Endpoints []struct {
+			Provider string `json:"provider"`
+			Guard    *guard `json:"guard"`
+		} `json:"endpoints"`
+	}
+	require.NoError(t, json.Unmarshal(b, &v))
+	for _, ep := range v.Endpoints {
+		if ep.Provider == testenv.RouteSHM && ep.Guard != nil {
+			return *ep.Guard
+		}
+	}
+	t.Fatalf("no shm guard in %s", b)
+	return guard{}
+}
