@@ -119,6 +119,19 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, "bench", fmt.Errorf("%s: %w", prov, err))
 		}
 	}
+	// The bound the mem route is held against: a plain copy of the same
+	// sizes, in the same run.
+	if slices.Contains(provs, "mem") && (strings.Contains(o.ops, "read") || strings.Contains(o.ops, "write")) {
+		var copies [][]perftest.Row
+		for i := 0; i < o.repeat; i++ {
+			r, err := perftest.RunMemcpy(sz, o.iters, o.warmup, o.window)
+			if err != nil {
+				return fail(stderr, "bench", fmt.Errorf("memcpy: %w", err))
+			}
+			copies = append(copies, r)
+		}
+		rows = append(rows, aggregate(copies, nil)...)
+	}
 	printBench(stdout, rows, o.asCSV, o.compare, o.repeat)
 	return exitOK
 }

@@ -229,3 +229,22 @@ func TestPeerToolServerThatCannotBind(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchPrintsMemcpyNextToMem: a sweep with the mem route ends with a
+// memcpy row per size, the bound mem is held against.
+func TestBenchPrintsMemcpyNextToMem(t *testing.T) {
+	t.Setenv(asCLI, "1")
+	out, errOut, code := runCLI("bench", "--providers", "mem", "--ops", "write", "-S", "8,4096", "-I", "200", "--csv", "--timeout", "30s")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	require.NoError(t, err, out)
+	col := map[string]int{}
+	for i, h := range recs[0] {
+		col[h] = i
+	}
+	var got []string
+	for _, r := range recs[1:] {
+		got = append(got, r[col["provider"]]+" "+r[col["test"]]+" "+r[col["bytes"]])
+	}
+	assert.Equal(t, []string{"mem write 8", "mem write 4k", "memcpy copy 8", "memcpy copy 4k"}, got, out)
+}
