@@ -3,7 +3,9 @@ package mr
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -28,17 +30,20 @@ var regions struct {
 // Alloc maps n bytes of zeroed, page-aligned memory outside the Go heap.
 // Free it with Free when no registration uses it any more.
 //
-// The memory is a memfd's, sealed at its size: a verified process of this
-// node can be handed the file and map it (see File), so that transfers
-// with it are plain copies. Where memfd_create is refused, it is
-// anonymous memory, which only the other routes reach.
+// Where Shares allows it, the memory is a memfd's, sealed at its size: a
+// verified process of this node can be handed the file and map it (see
+// File), so that transfers with it are plain copies. Otherwise, or where
+// memfd_create is refused, it is anonymous memory, which only the other
+// routes reach.
 func Alloc(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("mr.Alloc(%d): size must be positive", n)
 	}
-	if b, fd, err := allocShared(n); err == nil {
-		add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
-		return b[:n], nil
+	if ok, _ := Shares(); ok {
+		if b, fd, err := allocShared(n); err == nil {
+			add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
+			return b[:n], nil
+		}
 	}
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
@@ -48,10 +53,38 @@ func Alloc(n int) ([]byte, error) {
 	return b, nil
 }
 
+// AllocPublished is Alloc for memory this process writes and the
+// processes it hands the file to may only read: after this process maps
+// it, it is sealed against every other write (F_SEAL_FUTURE_WRITE), so
+// that a process that reopens the file read-write through /proc still
+// cannot write it. It fails where Shares does not allow memfds.
+func AllocPublished(n int) ([]byte, error) {
+	if ok, why := Shares(); !ok {
+		return nil, fmt.Errorf("mr.AllocPublished: %s", why)
+	}
+	b, fd, err := allocFile(n, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	if err != nil {
+		return nil, fmt.Errorf("mr.AllocPublished(%d): %w", n, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE|unix.F_SEAL_SEAL); err != nil {
+		_ = unix.Munmap(b)
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("mr.AllocPublished(%d): sealing: %w", n, err)
+	}
+	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
+	return b[:n], nil
+}
+
 // allocShared maps n bytes of a new memfd, rounded up to whole pages and
 // sealed at that size: whoever is handed the file can neither shrink it
 // (which would make the owner's own accesses fault) nor grow it.
 func allocShared(n int) ([]byte, int, error) {
+	return allocFile(n, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+}
+
+// allocFile maps n bytes, rounded up to whole pages, of a new memfd with
+// seals added before the mapping.
+func allocFile(n int, seals int) ([]byte, int, error) {
 	size := (n + pageSize - 1) &^ (pageSize - 1)
 	fd, err := unix.MemfdCreate("fitransfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -61,7 +94,7 @@ func allocShared(n int) ([]byte, int, error) {
 		_ = unix.Close(fd)
 		return nil, -1, err
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
 		_ = unix.Close(fd)
 		return nil, -1, err
 	}
@@ -74,6 +107,39 @@ func allocShared(n int) ([]byte, int, error) {
 }
 
 var pageSize = unix.Getpagesize()
+
+// ShareEnv switches memfd-backed allocations (and so the mem route) off
+// when set to 0.
+const ShareEnv = "FITRANSFER_MEM"
+
+var shares struct {
+	once sync.Once
+	ok   bool
+	why  string
+}
+
+// Shares reports whether Alloc backs memory with memfds that processes of
+// this user may be handed, and why not. Any process of the user can open
+// a memfd of another through /proc/PID/fd, which needs only the ptrace
+// "read" right; so memfds are used only where the yama LSM lets such a
+// process attach anyway (ptrace_scope 0, or no yama): there it can read
+// and write all of this process's memory already, and a memfd gives it
+// nothing more. FITRANSFER_MEM=0 switches them off.
+func Shares() (bool, string) {
+	shares.once.Do(func() {
+		b, _ := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+		scope := strings.TrimSpace(string(b))
+		switch {
+		case os.Getenv(ShareEnv) == "0":
+			shares.why = "disabled by " + ShareEnv + "=0"
+		case scope != "" && scope != "0":
+			shares.why = "yama ptrace_scope=" + scope + ": a memfd would let processes of this user reach memory that ptrace denies them"
+		default:
+			shares.ok = true
+		}
+	})
+	return shares.ok, shares.why
+}
 
 // Whole reports whether b is exactly a whole allocation of Alloc backed
 // by a memfd: what File opens.

@@ -329,9 +329,13 @@ func (st *bufState) Unref() {
 		st.wakeCloser()
 		last = false // the waiting Close deregisters
 	}
+	owned := st.owned && st.closed && st.refs == 0
 	st.mu.Unlock()
-	if last {
+	switch {
+	case last:
 		go st.deregister()
+	case owned:
+		go st.freeOwned() // its manager closed while this transfer copied
 	}
 }
 
@@ -377,11 +381,14 @@ func (st *bufState) deregister() {
 }
 
 // freeOwned frees the memory of a Manager.Alloc buffer, once, unless a
-// peer may still copy with it.
+// peer may still copy with it; while a transfer of this process holds it,
+// the last one's Unref frees it.
 func (st *bufState) freeOwned() {
 	st.mu.Lock()
-	free := st.owned && !st.kept
-	st.owned = false
+	free := st.owned && !st.kept && st.refs == 0
+	if free {
+		st.owned = false
+	}
 	st.mu.Unlock()
 	if free {
 		_ = mr.Free(st.mem)

@@ -20,13 +20,9 @@ type CMAError = cma.Error
 func CMAAvailable() (bool, string) { return cma.Available() }
 
 // MemAvailable reports whether managers of this process use the mem
-// route (FITRANSFER_MEM is not 0), and why not when they do not.
-func MemAvailable() (bool, string) {
-	if !mem.Enabled() {
-		return false, mem.Env + "=0 switches the mem route off"
-	}
-	return true, ""
-}
+// route, and why not when they do not (FITRANSFER_MEM=0, or yama's
+// ptrace_scope above 0: see mr.Shares).
+func MemAvailable() (bool, string) { return mem.Enabled() }
 
 // cmaEntries keeps the guard entries one request has read, so that its
 // ops on the same buffer cost one process_vm_readv, not one each.

@@ -177,7 +177,7 @@ type InUseError struct {
 func (e *InUseError) Error() string {
 	if len(e.Peers) > 0 {
 		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (the mem route); "+
-			"do not free or reuse the memory before Manager.Close returns", e.Buffer, e.Peers, e.Waited)
+			"a peer may still write it: do not reuse it (freeing it is safe; a Manager.Alloc buffer's is kept)", e.Buffer, e.Peers, e.Waited)
 	}
 	why := fmt.Sprintf("still have ops in flight after %v", e.Waited)
 	if e.Waited == 0 {

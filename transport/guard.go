@@ -53,11 +53,16 @@ const (
 type guardTable struct {
 	mem   []byte
 	words []uint64 // mem, word by word
-	id    uint64   // random; in every entry
-	base  uint64   // the table's virtual address
-	mu    sync.Mutex
-	free  []uint32
-	next  uint32
+	// gens holds each slot's generation alone: what the mem route's
+	// peers map (read-only). The table itself holds every buffer's keys,
+	// which a peer must learn only from the handles it was given.
+	gens    []byte
+	genWord []uint64
+	id      uint64 // random; in every entry
+	base    uint64 // the table's virtual address
+	mu      sync.Mutex
+	free    []uint32
+	next    uint32
 }
 
 func newGuardTable() (*guardTable, error) {
@@ -65,7 +70,16 @@ func newGuardTable() (*guardTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &guardTable{mem: mem, words: mr.Words64(mem), id: mr.RandomKey(8), base: uint64(mr.Addr(mem))}, nil
+	gens, err := mr.AllocPublished(guardSlots * 8)
+	if err != nil {
+		gens, err = mr.Alloc(guardSlots * 8) // no mem route here: nobody maps it
+	}
+	if err != nil {
+		_ = mr.Free(mem)
+		return nil, err
+	}
+	return &guardTable{mem: mem, words: mr.Words64(mem), gens: gens, genWord: mr.Words64(gens),
+		id: mr.RandomKey(8), base: uint64(mr.Addr(mem))}, nil
 }
 
 func (g *guardTable) word(slot uint32, w int) *uint64 {
@@ -98,6 +112,7 @@ func (g *guardTable) publish(id uint64, base, size, shmKey, cmaKey uint64, acces
 	atomic.StoreUint64(g.word(slot, gwAccess), uint64(access))
 	atomic.StoreUint64(g.word(slot, gwID), id)
 	atomic.StoreUint64(g.word(slot, gwGen), gen) // last: the entry is valid
+	atomic.StoreUint64(&g.genWord[slot], gen)
 	return slot, gen, nil
 }
 
@@ -106,6 +121,7 @@ func (g *guardTable) publish(id uint64, base, size, shmKey, cmaKey uint64, acces
 // may still be the closed buffer's.
 func (g *guardTable) revoke(slot uint32) {
 	atomic.StoreUint64(g.word(slot, gwGen), atomic.LoadUint64(g.word(slot, gwGen))+1)
+	atomic.StoreUint64(&g.genWord[slot], atomic.LoadUint64(g.word(slot, gwGen)))
 	atomic.StoreUint64(g.word(slot, gwKey), 0)
 	atomic.StoreUint64(g.word(slot, gwCMAKey), 0)
 	atomic.StoreUint64(g.word(slot, gwSize), 0)
@@ -121,6 +137,9 @@ func (g *guardTable) release(slot uint32) {
 
 // gen is slot's generation now.
 func (g *guardTable) gen(slot uint32) uint64 { return atomic.LoadUint64(g.word(slot, gwGen)) }
+
+// entryWord is word w of slot's entry now.
+func (g *guardTable) entryWord(slot uint32, w int) uint64 { return atomic.LoadUint64(g.word(slot, w)) }
 
 // checkEntry compares a guard entry, as read from the owner, with what a
 // handle claims and what the op needs. On the cma path the entry must also

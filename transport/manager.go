@@ -45,6 +45,9 @@ type Manager struct {
 
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
+	// down is set as Close begins: copies still running (mem) learn that
+	// their owner links end because this manager closes, not the owner.
+	down atomic.Bool
 	// replaceMu: a replacement holds it, a registration reads it, so
 	// that a buffer is registered on one consistent set of backends.
 	replaceMu sync.RWMutex
@@ -88,14 +91,14 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	}
 	var picks []pick
 	useCMA, cmaWhy := cma.Available()
-	m.memOn = mem.Enabled()
+	m.memOn, _ = mem.Enabled()
 	if len(cfg.providers) > 0 {
 		useCMA, m.memOn = false, false
 		for _, p := range cfg.providers {
 			p = canonicalProvider(p)
 			if p == mem.Name {
-				if !mem.Enabled() {
-					return nil, fmt.Errorf("the mem route is switched off here (%s=0)", mem.Env)
+				if ok, why := mem.Enabled(); !ok {
+					return nil, fmt.Errorf("the mem route is not used here: %s", why)
 				}
 				m.memOn = true
 				continue
@@ -577,6 +580,7 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.down.Store(true)
 	m.mu.Unlock()
 	liveManagers.Delete(m.id)
 	m.bufsMu.Lock()
@@ -631,6 +635,7 @@ func (m *Manager) Close() error {
 	}
 	if m.guard != nil && !wedged {
 		_ = mr.Free(m.guard.mem)
+		_ = mr.Free(m.guard.gens)
 	}
 	return errors.Join(errs...)
 }

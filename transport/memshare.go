@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,15 +29,33 @@ import (
 // the file of a buffer peers may only read is opened read-only.
 
 const (
-	memCtlReq = "MCT1" // the guard table and a use page
-	memMapReq = "MMP1" // + id u64, slot u32, gen u64: a buffer's file
-	memReply  = "MRE1" // + status u8, size u64, why; files attached
-	memMapLen = 4 + 8 + 4 + 8
+	memCtlReq = "MCT1" // the generations page and a use page
+	// memMapReq + id u64, slot u32, gen u64, key u64, base u64, size u64:
+	// the file of the buffer a handle names, as the handle names it.
+	memMapReq = "MMP1"
+	// memReply + status u8, size u64, id u64, slot u32, gen u64 (echoed),
+	// why; files attached.
+	memReply    = "MRE1"
+	memMapLen   = 4 + 8 + 4 + 8 + 8 + 8 + 8
+	memReplyLen = 4 + 1 + 8 + 8 + 4 + 8
 	// useSlots is a use page's counters: one per guard slot.
 	useSlots = guardSlots
 	// maxMemMaps bounds the buffers an initiator keeps mapped per owner;
 	// mappings of closed buffers go first.
 	maxMemMaps = 1024
+	// maxMemPeers bounds the use pages an owner hands out at once.
+	maxMemPeers = 1024
+	// memRedial is how long a failed mem link stands before the next op
+	// toward the owner dials again (meanwhile: its other routes).
+	memRedial = time.Second
+)
+
+// The statuses of a memReply.
+const (
+	memOK      = 0
+	memStale   = 1 // the handle is not the buffer's current one
+	memRange   = 2 // the handle's range lies outside the buffer
+	memRefused = 3 // not shared, not a request this owner answers
 )
 
 // ---- the owner's side ----
@@ -46,11 +65,16 @@ const (
 type memPeer struct {
 	pid   int
 	pidfd int // -1 when pidfd_open failed: proc.Gone then
-	page  []byte
-	uses  mem.Uses
+	// mu: held for reading while the page or pidfd is used, for writing
+	// to release them.
+	mu       sync.RWMutex
+	released bool
+	page     []byte
+	uses     mem.Uses
 }
 
 // dead reports whether the process exited: its marks no longer count.
+// Under p.mu (read).
 func (p *memPeer) dead() bool {
 	if p.pidfd >= 0 {
 		fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
@@ -61,7 +85,27 @@ func (p *memPeer) dead() bool {
 	return gone
 }
 
+// busy reports whether an op of the live peer on slot's buffer is marked.
+func (p *memPeer) busy(slot uint32) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return !p.released && p.uses.InUse(slot) && !p.dead()
+}
+
+// droppable reports whether the peer's marks can no longer count.
+func (p *memPeer) droppable() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.released || p.dead() || idle(p.uses)
+}
+
 func (p *memPeer) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.released {
+		return
+	}
+	p.released = true
 	_ = mr.Free(p.page)
 	if p.pidfd >= 0 {
 		_ = unix.Close(p.pidfd)
@@ -70,8 +114,9 @@ func (p *memPeer) release() {
 
 // memPeers are the owner's memPeers.
 type memPeers struct {
-	mu   sync.Mutex
-	list []*memPeer
+	mu    sync.Mutex
+	list  []*memPeer
+	ended []*memPeer // connection over, a mark left by a live process
 }
 
 // serveMem answers the mem requests of a verified peer, process pid, on
@@ -80,7 +125,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
 	defer func() {
 		if peer != nil {
-			m.memPeers.ended(peer)
+			m.memPeers.end(peer)
 		}
 	}()
 	b := make([]byte, 64)
@@ -92,18 +137,17 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 		req := b[:n]
 		switch {
 		case !m.memOn:
-			err = memAnswer(c, "this manager does not share memory (the mem route is off)", 0)
+			err = memAnswer(c, memRefused, "this manager does not share memory (the mem route is off)", 0, nil)
 		case string(req) == memCtlReq && peer == nil:
 			peer, err = m.newMemPeer(c, pid)
 		case len(req) == memMapLen && string(req[:4]) == memMapReq && peer != nil:
-			id, slot, gen := binary.LittleEndian.Uint64(req[4:]), binary.LittleEndian.Uint32(req[12:]), binary.LittleEndian.Uint64(req[16:])
-			fd, size, why := m.shareBuffer(id, slot, gen)
-			err = memAnswer(c, why, size, fd)
+			fd, status, size, why := m.shareBuffer(req[4:])
+			err = memAnswer(c, status, why, size, req[4:24], fd)
 			if fd >= 0 {
 				_ = unix.Close(fd)
 			}
 		default:
-			err = memAnswer(c, "unknown or out-of-order request", 0)
+			err = memAnswer(c, memRefused, "unknown or out-of-order request", 0, nil)
 		}
 		if err != nil {
 			return
@@ -111,70 +155,86 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	}
 }
 
-// newMemPeer makes pid's use page and sends it with the guard table.
+// newMemPeer makes pid's use page and sends it with the generations page.
 func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
+	m.memPeers.mu.Lock()
+	m.memPeers.prune()
+	full := len(m.memPeers.list) >= maxMemPeers
+	m.memPeers.mu.Unlock()
+	if full {
+		return nil, memAnswer(c, memRefused, fmt.Sprintf("%d peers map this manager's memory already", maxMemPeers), 0, nil)
+	}
 	page, err := mr.Alloc(useSlots * 4)
 	if err != nil {
-		return nil, memAnswer(c, "no use page: "+err.Error(), 0)
+		return nil, memAnswer(c, memRefused, "no use page: "+err.Error(), 0, nil)
 	}
 	p := &memPeer{pid: pid, pidfd: -1, page: page, uses: mem.UsesOf(page)}
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		p.pidfd = fd
 	}
-	useFD, _, err1 := mr.File(page, false)
-	guardFD, ok, err2 := mr.File(m.guard.mem, true)
-	if err1 != nil || err2 != nil || !ok {
+	useFD, ok1, err1 := mr.File(page, false)
+	gensFD, ok2, err2 := mr.File(m.guard.gens, true)
+	if err1 != nil || err2 != nil || !ok1 || !ok2 {
 		p.release()
-		if useFD >= 0 {
-			_ = unix.Close(useFD)
+		for _, fd := range []int{useFD, gensFD} {
+			if fd >= 0 {
+				_ = unix.Close(fd)
+			}
 		}
-		if guardFD >= 0 {
-			_ = unix.Close(guardFD)
-		}
-		return nil, memAnswer(c, "the guard table or the use page has no file", 0)
+		return nil, memAnswer(c, memRefused, "the generations or the use page has no file", 0, nil)
 	}
 	m.memPeers.mu.Lock()
 	m.memPeers.list = append(m.memPeers.list, p)
 	m.memPeers.mu.Unlock()
-	err = memAnswer(c, "", 0, guardFD, useFD)
-	_ = unix.Close(guardFD)
+	err = memAnswer(c, memOK, "", 0, nil, gensFD, useFD)
+	_ = unix.Close(gensFD)
 	_ = unix.Close(useFD)
 	return p, err
 }
 
-// shareBuffer opens the file of buffer id, as the handle the peer holds
-// names it (guard slot and generation), or says why not.
-func (m *Manager) shareBuffer(id uint64, slot uint32, gen uint64) (fd int, size uint64, why string) {
+// shareBuffer opens the file of the buffer a map request names, checking
+// the request against the buffer's guard entry as a handle check does,
+// or says why not.
+func (m *Manager) shareBuffer(req []byte) (fd int, status byte, size uint64, why string) {
+	u64 := func(off int) uint64 { return binary.LittleEndian.Uint64(req[off:]) }
+	id, slot, gen := u64(0), binary.LittleEndian.Uint32(req[8:]), u64(12)
+	key, base, hsize := u64(20), u64(28), u64(36)
 	m.bufsMu.Lock()
 	st := m.bufs[id]
 	m.bufsMu.Unlock()
 	if st == nil || st.ref() != nil {
-		return -1, 0, "the buffer is closed"
+		return -1, memStale, 0, "the buffer is closed"
 	}
 	defer st.Unref()
+	g := m.guard
 	switch {
-	case !st.hasGrd || st.guard != slot || m.guard.gen(slot) != gen:
-		return -1, 0, "the handle is not the buffer's current one"
+	case !st.hasGrd || st.guard != slot || g.gen(slot) != gen:
+		return -1, memStale, 0, "the handle is not the buffer's current one"
+	case g.entryWord(slot, gwCMAKey) != key || g.entryWord(slot, gwBase) != base:
+		return -1, memStale, 0, "key or address do not match the buffer"
+	case hsize != st.size:
+		return -1, memRange, st.size, "the handle's size is not the buffer's"
 	case !st.shared:
-		return -1, 0, "the buffer is not shared: not a whole mr.Alloc allocation peers may read"
+		return -1, memRefused, 0, "the buffer is not shared: not a whole mr.Alloc allocation peers may read"
 	}
 	fd, ok, err := mr.File(st.mem, !st.access.Allows(mr.RemoteWrite))
 	if err != nil || !ok {
-		return -1, 0, fmt.Sprintf("the buffer's file: %v", err)
+		return -1, memRefused, 0, fmt.Sprintf("the buffer's file: %v", err)
 	}
-	return fd, st.size, ""
+	return fd, memOK, st.size, ""
 }
 
-// memAnswer sends a reply: why is empty on success; fds go along.
-func memAnswer(c *net.UnixConn, why string, size uint64, fds ...int) error {
-	b := make([]byte, 0, 13+len(why))
+// memAnswer sends a reply, echoing the request's id, slot and gen (echo:
+// nil for a control request); fds go along.
+func memAnswer(c *net.UnixConn, status byte, why string, size uint64, echo []byte, fds ...int) error {
+	b := make([]byte, 0, memReplyLen+len(why))
 	b = append(b, memReply...)
-	status := byte(0)
-	if why != "" {
-		status = 1
-	}
 	b = append(b, status)
 	b = binary.LittleEndian.AppendUint64(b, size)
+	if echo == nil {
+		echo = make([]byte, 20)
+	}
+	b = append(b, echo...)
 	b = append(b, why...)
 	var oob []byte
 	if len(fds) > 0 && fds[0] >= 0 {
@@ -185,21 +245,37 @@ func memAnswer(c *net.UnixConn, why string, size uint64, fds ...int) error {
 	return err
 }
 
-// ended drops a peer whose connection ended, unless its marks may still
-// count: a live process that left a mark keeps its page until it exits.
-func (ps *memPeers) ended(p *memPeer) {
-	if !p.dead() && !idle(p.uses) {
-		return
-	}
+// end drops a peer whose connection ended, unless its marks may still
+// count: a live process that left a mark keeps its page until it exits
+// or clears it (prune).
+func (ps *memPeers) end(p *memPeer) {
 	ps.mu.Lock()
+	defer ps.mu.Unlock()
 	for i, q := range ps.list {
 		if q == p {
 			ps.list = append(ps.list[:i], ps.list[i+1:]...)
 			break
 		}
 	}
-	ps.mu.Unlock()
-	p.release()
+	if p.droppable() {
+		p.release()
+		return
+	}
+	ps.ended = append(ps.ended, p)
+}
+
+// prune releases the ended peers whose marks no longer count. Under ps.mu.
+func (ps *memPeers) prune() {
+	kept := ps.ended[:0]
+	for _, p := range ps.ended {
+		if p.droppable() {
+			p.release()
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(ps.ended[len(kept):])
+	ps.ended = kept
 }
 
 func idle(u mem.Uses) bool {
@@ -215,11 +291,12 @@ func idle(u mem.Uses) bool {
 // deadline; it returns the processes still marked then.
 func (ps *memPeers) wait(slot uint32, deadline time.Time) []int {
 	ps.mu.Lock()
-	list := append([]*memPeer(nil), ps.list...)
+	ps.prune()
+	list := append(append([]*memPeer(nil), ps.list...), ps.ended...)
 	ps.mu.Unlock()
 	var busy []int
 	for _, p := range list {
-		for pause := time.Microsecond; p.uses.InUse(slot) && !p.dead(); pause = min(2*pause, time.Millisecond) {
+		for pause := time.Microsecond; p.busy(slot); pause = min(2*pause, time.Millisecond) {
 			if time.Now().After(deadline) {
 				busy = append(busy, p.pid)
 				break
@@ -233,8 +310,8 @@ func (ps *memPeers) wait(slot uint32, deadline time.Time) []int {
 // close releases every peer's page; the verifier is closed.
 func (ps *memPeers) close() {
 	ps.mu.Lock()
-	list := ps.list
-	ps.list = nil
+	list := append(ps.list, ps.ended...)
+	ps.list, ps.ended = nil, nil
 	ps.mu.Unlock()
 	for _, p := range list {
 		p.release()
@@ -248,22 +325,23 @@ type memLink struct {
 	owner *sameNodePeer
 	mu    sync.Mutex // one request at a time on conn
 	conn  *net.UnixConn
-	guard []byte   // the owner's guard table, read-only
-	words []uint64 // guard, word by word
+	pidfd int      // the owner's: whether it still lives; -1 without
+	gens  []uint64 // the owner's generations, read-only
 	page  []byte   // this manager's use page at the owner
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
-	done  atomic.Bool        // closed: the owner is gone or this manager closes
+	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
 }
 
-// memMap is one buffer of the owner, mapped here. Its mapping goes when
-// the link drops it and no op uses it.
+// memMap is one buffer of the owner, mapped here, with what the owner
+// confirmed of the handle it was mapped for. Its mapping goes when the
+// link drops it and no op uses it.
 type memMap struct {
-	b        []byte
-	gen      uint64
-	slot     uint32
-	writable bool
-	refs     atomic.Int32 // the link's one, and one per op using it
+	b              []byte
+	gen, key, base uint64
+	slot           uint32
+	writable       bool
+	refs           atomic.Int32 // the link's one, and one per op using it
 }
 
 func (mm *memMap) unref() {
@@ -272,23 +350,26 @@ func (mm *memMap) unref() {
 	}
 }
 
-// errMemRefused: the owner does not share the buffer; another route may.
-var errMemRefused = errors.New("the owner does not share it")
-
-// memLink returns the link to p, setting it up at the first call.
+// memLink returns the link to p: the one set up, or a new one when there
+// is none and the last attempt is older than memRedial.
 func (p *sameNodePeer) memLink(owner ID) (*memLink, error) {
-	p.memOnce.Do(func() { p.link, p.linkErr = dialMem(p, owner) })
-	if p.linkErr != nil {
+	p.memMu.Lock()
+	defer p.memMu.Unlock()
+	switch {
+	case p.memDone:
+		return nil, peerGone(p.pid)
+	case p.link != nil && !p.link.done.Load():
+		return p.link, nil
+	case p.linkErr != nil && time.Since(p.linkAt) < memRedial:
 		return nil, p.linkErr
 	}
-	if p.link.done.Load() {
-		return nil, peerGone(p.pid)
-	}
-	return p.link, nil
+	p.link, p.linkErr = dialMem(p, owner)
+	p.linkAt = time.Now()
+	return p.link, p.linkErr
 }
 
 // dialMem opens the mem connection to p, checks that the kernel says it
-// is p's process, and asks for the guard table and a use page.
+// is p's process, and asks for the generations page and a use page.
 func dialMem(p *sameNodePeer, owner ID) (*memLink, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
 	nc, err := d.Dial("unixpacket", verifySocket(owner))
@@ -301,7 +382,7 @@ func dialMem(p *sameNodePeer, owner ID) (*memLink, error) {
 		return nil, fmt.Errorf("mem route to process %d: "+format, append([]any{p.pid}, a...)...)
 	}
 	cred, err := peerCred(c)
-	if err != nil || int(cred.Pid) != p.pid {
+	if err != nil || int(cred.Pid) != p.pid || cred.Uid != uint32(os.Geteuid()) {
 		return fail("the verifier socket is not its process's any more")
 	}
 	_ = c.SetReadDeadline(time.Now().Add(verifyTimeout))
@@ -314,15 +395,15 @@ func dialMem(p *sameNodePeer, owner ID) (*memLink, error) {
 	if pid, err := parseProof(b[:n], &again); err != nil || pid != p.pid || again.cma != p.cma {
 		return fail("it answers as another manager")
 	}
-	l := &memLink{owner: p, conn: c, maps: map[uint64]*memMap{}}
-	_, fds, err := l.ask([]byte(memCtlReq), 2)
+	l := &memLink{owner: p, conn: c, pidfd: -1, maps: map[uint64]*memMap{}}
+	_, fds, err := l.ask([]byte(memCtlReq), nil, 2)
 	if err != nil {
 		return fail("%v", err)
 	}
-	gm, _, err := mem.Map(fds[0], guardSlots*guardEntrySize, false)
+	gm, _, err := mem.Map(fds[0], useSlots*8, false)
 	if err != nil {
 		_ = unix.Close(fds[1])
-		return fail("its guard table: %v", err)
+		return fail("its generations: %v", err)
 	}
 	pm, writable, err := mem.Map(fds[1], useSlots*4, true)
 	if err != nil || !writable {
@@ -330,13 +411,36 @@ func dialMem(p *sameNodePeer, owner ID) (*memLink, error) {
 		mem.Unmap(pm)
 		return fail("its use page: %v", err)
 	}
-	l.guard, l.words, l.page, l.uses = gm, mr.Words64(gm), pm, mem.UsesOf(pm)
+	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
+		l.pidfd = fd
+	}
+	l.gens, l.page, l.uses = mr.Words64(gm), pm, mem.UsesOf(pm)
 	return l, nil
 }
 
-// ask sends a request and reads the answer, with the files it carries
-// (want of them on success). Under l.mu or before l is shared.
-func (l *memLink) ask(req []byte, want int) (size uint64, fds []int, err error) {
+// memAnswerError is an owner's refusal, with the error class it maps to.
+type memAnswerError struct {
+	status byte
+	why    string
+}
+
+func (e *memAnswerError) Error() string { return "the owner refuses: " + e.why }
+
+// ask sends a request and reads the answer, which must echo the request's
+// id, slot and gen (echo; nil for a control request), with the files it
+// carries (want of them on success). Any failure but a refusal leaves
+// the connection out of step, so it ends the link: the next op dials
+// again. Under l.mu, or before l is shared.
+func (l *memLink) ask(req, echo []byte, want int) (size uint64, fds []int, err error) {
+	defer func() {
+		if err != nil {
+			var refused *memAnswerError
+			if !errors.As(err, &refused) {
+				l.done.Store(true)
+				_ = l.conn.Close()
+			}
+		}
+	}()
 	_ = l.conn.SetDeadline(time.Now().Add(verifyTimeout))
 	if _, err := l.conn.Write(req); err != nil {
 		return 0, nil, err
@@ -359,44 +463,63 @@ func (l *memLink) ask(req []byte, want int) (size uint64, fds []int, err error) 
 			_ = unix.Close(fd)
 		}
 	}
-	if flags&unix.MSG_CTRUNC != 0 || n < 13 || string(b[:4]) != memReply {
+	if echo == nil {
+		echo = make([]byte, 20)
+	}
+	switch {
+	case flags&unix.MSG_CTRUNC != 0 || n < memReplyLen || string(b[:4]) != memReply:
 		closeAll()
 		return 0, nil, errors.New("a malformed answer")
-	}
-	if b[4] != 0 {
+	case string(b[13:33]) != string(echo):
 		closeAll()
-		return 0, nil, fmt.Errorf("%w: %s", errMemRefused, b[13:n])
-	}
-	if len(fds) != want {
+		return 0, nil, errors.New("an answer to another request")
+	case b[4] != memOK:
+		closeAll()
+		return binary.LittleEndian.Uint64(b[5:]), nil, &memAnswerError{status: b[4], why: string(b[memReplyLen:n])}
+	case len(fds) != want:
 		closeAll()
 		return 0, nil, fmt.Errorf("an answer with %d files, not %d", len(fds), want)
 	}
 	return binary.LittleEndian.Uint64(b[5:]), fds, nil
 }
 
-// entry is the guard entry of slot, as the owner's table holds it now.
-func (l *memLink) entry(slot uint32) (e [guardEntrySize]byte) {
-	for w := 0; w < guardEntrySize/8; w++ {
-		binary.LittleEndian.PutUint64(e[8*w:], atomic.LoadUint64(&l.words[int(slot)*guardEntrySize/8+w]))
-	}
-	return e
-}
-
 // gen is slot's generation now.
 func (l *memLink) gen(slot uint32) uint64 { return atomic.LoadUint64(l.genWord(slot)) }
 
-// genWord is slot's generation word in the owner's table.
-func (l *memLink) genWord(slot uint32) *uint64 { return &l.words[int(slot)*guardEntrySize/8+gwGen] }
+// genWord is slot's generation word in the owner's page.
+func (l *memLink) genWord(slot uint32) *uint64 { return &l.gens[slot] }
+
+// alive reports whether the owner process still runs (its pidfd is not
+// readable).
+func (l *memLink) alive() bool {
+	if l.pidfd < 0 {
+		return !l.owner.gone.Load()
+	}
+	fds := [1]unix.PollFd{{Fd: int32(l.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds[:], 0)
+	return !(err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0)
+}
 
 // get returns the mapping of the handle's buffer, holding it for one op:
-// from the ones mapped, or asked for now. The guard entry was checked.
-func (l *memLink) get(r *RemoteBuffer, g *guardRef) (*memMap, error) {
+// from the ones mapped (when the owner confirmed this handle's key,
+// address and size for it), or asked for now.
+func (l *memLink) get(r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
+	g := ep.guard
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.done.Load() {
 		return nil, peerGone(l.owner.pid)
 	}
-	if mm := l.maps[r.id]; mm != nil && mm.gen == g.gen {
+	if mm := l.maps[r.id]; mm != nil && mm.gen == g.gen && mm.slot == g.slot {
+		switch {
+		case mm.key != ep.key || mm.base != ep.base:
+			return nil, fmt.Errorf("%w: key or address of buffer %d do not match what its owner registered", ErrStaleHandle, r.id)
+		case uint64(len(mm.b)) != r.size && r.off+r.n > uint64(len(mm.b)):
+			return nil, fmt.Errorf("%w: the handle's range [%d, %d) lies outside the %d bytes its owner registered as buffer %d (the handle was altered)",
+				ErrOutOfRange, r.off, r.off+r.n, len(mm.b), r.id)
+		case uint64(len(mm.b)) != r.size:
+			return nil, fmt.Errorf("%w: size of buffer %d does not match what its owner registered", ErrStaleHandle, r.id)
+		}
 		mm.refs.Add(1)
 		return mm, nil
 	}
@@ -406,24 +529,30 @@ func (l *memLink) get(r *RemoteBuffer, g *guardRef) (*memMap, error) {
 	req = binary.LittleEndian.AppendUint64(req, r.id)
 	req = binary.LittleEndian.AppendUint32(req, g.slot)
 	req = binary.LittleEndian.AppendUint64(req, g.gen)
-	size, fds, err := l.ask(req, 1)
-	if errors.Is(err, errMemRefused) {
+	req = binary.LittleEndian.AppendUint64(req, ep.key)
+	req = binary.LittleEndian.AppendUint64(req, ep.base)
+	req = binary.LittleEndian.AppendUint64(req, r.size)
+	size, fds, err := l.ask(req, req[4:24], 1)
+	var refused *memAnswerError
+	switch {
+	case errors.As(err, &refused) && refused.status == memRange && r.off+r.n > size:
+		return nil, fmt.Errorf("%w: the handle's range [%d, %d) lies outside the %d bytes its owner registered as buffer %d (the handle was altered)",
+			ErrOutOfRange, r.off, r.off+r.n, size, r.id)
+	case errors.As(err, &refused):
 		// The owner shares what its handles say it shares: a refusal
-		// is a handle that is no longer its buffer's.
+		// is a handle that is no longer its buffer's, or was altered.
 		return nil, fmt.Errorf("%w: buffer %d: %v", ErrStaleHandle, r.id, err)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if size != r.size {
+	case err != nil:
+		return nil, fmt.Errorf("mem route to process %d: %w", l.owner.pid, err)
+	case size != r.size:
 		_ = unix.Close(fds[0])
 		return nil, fmt.Errorf("%w: the owner's buffer %d holds %d bytes, the handle says %d", ErrStaleHandle, r.id, size, r.size)
 	}
-	b, writable, err := mem.Map(fds[0], int(size), r.access.Allows(mr.RemoteWrite))
+	b, writable, err := mem.Map(fds[0], int(size), true)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("mem route to process %d: %w", l.owner.pid, err)
 	}
-	mm := &memMap{b: b, gen: g.gen, slot: g.slot, writable: writable}
+	mm := &memMap{b: b, gen: g.gen, key: ep.key, base: ep.base, slot: g.slot, writable: writable}
 	mm.refs.Store(2) // the link's and the op's
 	if old := l.maps[r.id]; old != nil {
 		old.unref()
@@ -432,15 +561,22 @@ func (l *memLink) get(r *RemoteBuffer, g *guardRef) (*memMap, error) {
 	return mm, nil
 }
 
-// sweep drops the mappings of buffers the owner closed since, and the
-// oldest ones beyond maxMemMaps: a mapping keeps the owner's freed pages
-// alive. Under l.mu.
+// sweep drops the mappings of buffers the owner closed since (a mapping
+// keeps the owner's freed pages alive), and, when maxMemMaps are mapped
+// still, others at random. Under l.mu.
 func (l *memLink) sweep() {
 	for id, mm := range l.maps {
-		if l.gen(mm.slot) != mm.gen || len(l.maps) >= maxMemMaps {
+		if l.gen(mm.slot) != mm.gen {
 			delete(l.maps, id)
 			mm.unref()
 		}
+	}
+	for id, mm := range l.maps {
+		if len(l.maps) < maxMemMaps {
+			break
+		}
+		delete(l.maps, id)
+		mm.unref()
 	}
 }
 
@@ -449,31 +585,30 @@ func (l *memLink) sweep() {
 func (l *memLink) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.done.Swap(true) {
-		return
-	}
+	l.done.Store(true)
 	for id, mm := range l.maps {
 		delete(l.maps, id)
 		mm.unref()
 	}
 	_ = l.conn.Close()
-	// The guard table and the use page stay mapped: an op may be between
-	// its check and its mark. They are small, and go with the process.
+	// The generations and the use page stay mapped, and the pidfd open:
+	// an op may be between its check and its mark. They are small; they
+	// go with the process.
 }
 
-// prepareMem checks a mem op against the owner's guard entry and takes
-// the buffer's mapping for it.
+// prepareMem checks a mem op against the owner's generation of the
+// buffer and takes the buffer's mapping for it (the owner checked the
+// handle's key, address and size when it shared the file).
 func (m *Manager) prepareMem(o *opSpec) error {
 	l, err := o.peer.memLink(o.remote.owner)
 	if err != nil {
 		return err
 	}
-	g := o.ep.guard
-	e := l.entry(g.slot) // matchesPeer bounded the slot
-	if err := checkEntry(e[:], &o.remote, o.ep, need(o.op), true); err != nil {
-		return err
+	g := o.ep.guard // matchesPeer bounded its slot
+	if l.gen(g.slot) != g.gen {
+		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, o.remote.id)
 	}
-	mm, err := l.get(&o.remote, g)
+	mm, err := l.get(&o.remote, o.ep)
 	if err != nil {
 		return fmt.Errorf("%s: %w", o.op, err)
 	}
@@ -481,36 +616,55 @@ func (m *Manager) prepareMem(o *opSpec) error {
 		mm.unref()
 		return fmt.Errorf("%s: %w: the owner shared buffer %d read-only", o.op, ErrAccessDenied, o.remote.id)
 	}
-	if o.remote.off+o.remote.n > uint64(len(mm.b)) {
-		mm.unref()
-		return fmt.Errorf("%s: %w: [%d, %d) outside buffer %d's %d bytes", o.op, ErrOutOfRange, o.remote.off, o.remote.off+o.remote.n, o.remote.id, len(mm.b))
-	}
 	o.link, o.mm = l, mm
 	return nil
 }
 
 // runMem runs the request's mem ops and appends their errors to errs; it
-// returns errs and how many ops failed.
-func runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
+// returns errs and how many ops failed. An op toward an owner that is
+// found dead once the request's copies are done fails: a copy with its
+// memory after it died went nowhere (the pages outlive it).
+func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	failed := 0
 	for i := range ops {
+		if o := &ops[i]; o.kind == route.Mem && o.mm != nil {
+			o.memErr = m.memCopy(lim, o)
+			o.mm.unref()
+			o.mm = nil
+			o.copied = true
+		}
+	}
+	var last *memLink
+	lastAlive := false
+	for i := range ops {
 		o := &ops[i]
-		if o.kind != route.Mem || o.mm == nil {
+		if !o.copied {
 			continue
 		}
-		if err := memCopy(lim, o); err != nil {
+		o.copied = false
+		err := o.memErr
+		o.memErr = nil
+		if err == nil {
+			if o.link != last {
+				last, lastAlive = o.link, o.link.alive()
+			}
+			if !lastAlive && !m.down.Load() {
+				e := peerGone(o.peer.pid)
+				e.Op, e.Provider = o.op, mem.Name
+				err = e
+			}
+		}
+		if err != nil {
 			errs = append(errs, err)
 			failed++
 		}
-		o.mm.unref()
-		o.mm = nil
 	}
 	return errs, failed
 }
 
 // memCopy is one mem op: marked in the use page while it copies, and only
 // while the owner has the buffer open and lives.
-func memCopy(lim route.Limit, o *opSpec) error {
+func (m *Manager) memCopy(lim route.Limit, o *opSpec) error {
 	l, g := o.link, o.ep.guard
 	l.uses.Mark(g.slot)
 	defer l.uses.Leave(g.slot)
@@ -521,6 +675,8 @@ func memCopy(lim route.Limit, o *opSpec) error {
 		err = mem.Copy(lim, o.op, local, o.mm.b[o.remote.off:o.remote.off+o.remote.n], &owner)
 	}
 	switch {
+	case errors.Is(err, mem.ErrGone) && m.down.Load():
+		return fmt.Errorf("%s over %s: %w", o.op, mem.Name, ErrClosed) // this manager ended its links
 	case errors.Is(err, mem.ErrGone):
 		e := peerGone(o.peer.pid)
 		e.Op, e.Provider = o.op, mem.Name

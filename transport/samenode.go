@@ -58,16 +58,23 @@ type sameNodePeer struct {
 	replaced   atomic.Bool
 	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
 
-	memOnce sync.Once // sets link or linkErr: the mem route to it
+	// The mem route to it: link, or why not since linkAt (a failed
+	// link is dialed again after memRedial; a closed one never).
+	memMu   sync.Mutex
 	link    *memLink
 	linkErr error
+	linkAt  time.Time
+	memDone bool
 }
 
-// closeMem ends the mem route to p, if it was set up.
+// closeMem ends the mem route to p, for good.
 func (p *sameNodePeer) closeMem() {
-	p.memOnce.Do(func() { p.linkErr = errors.New("closed") })
-	if p.link != nil {
-		p.link.close()
+	p.memMu.Lock()
+	l := p.link
+	p.link, p.memDone = nil, true
+	p.memMu.Unlock()
+	if l != nil {
+		l.close()
 	}
 }
 

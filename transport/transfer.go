@@ -75,6 +75,8 @@ type opSpec struct {
 	x         *libfabric.Xfer
 	link      *memLink // mem: the route to the owner
 	mm        *memMap  // mem: the buffer's mapping, held for this op
+	copied    bool     // mem: copied; memErr is the copy's error
+	memErr    error
 	submitted bool
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
 }
@@ -160,7 +162,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	var cmaFailed, memFailed int
 	errs, cmaFailed = runCMA(lim, ops, errs)
-	errs, memFailed = runMem(lim, ops, errs)
+	errs, memFailed = m.runMem(lim, ops, errs)
 	failed += cmaFailed + memFailed
 	attempted := 0
 	for i := range ops {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/fitransfer/fitransfer/mr"
 )
 
 // InCI reports whether the tests run in CI (CI=true).
@@ -71,6 +73,11 @@ func RequireRoute(t testing.TB, route string) {
 	t.Helper()
 	if route == RouteCMA {
 		RequireCMA(t)
+	}
+	if route == RouteMem {
+		if ok, why := mr.Shares(); !ok {
+			Missing(t, "needs the mem route: "+why)
+		}
 	}
 }
 

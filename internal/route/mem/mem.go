@@ -16,7 +16,6 @@ package mem
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -63,6 +62,12 @@ func Map(fd int, size int, write bool) (m []byte, writable bool, err error) {
 	}
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, false, fmt.Errorf("the owner's file can shrink (seals %#x): mapping it could fault", seals)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		// A hugetlbfs memfd can be sealed too, yet fault on a page its
+		// owner punched out.
+		return nil, false, fmt.Errorf("the owner's file is not a memfd of ordinary memory")
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -166,8 +171,8 @@ func Copy(lim route.Limit, op progress.Op, local, remote []byte, o *Owner) error
 }
 
 // Env switches the mem route off when set to 0.
-const Env = "FITRANSFER_MEM"
+const Env = mr.ShareEnv
 
-// Enabled reports whether the mem route may be used (FITRANSFER_MEM is
-// not 0).
-func Enabled() bool { return os.Getenv(Env) != "0" }
+// Enabled reports whether the mem route may be used, and why not: where
+// mr.Alloc backs memory with memfds (mr.Shares).
+func Enabled() (bool, string) { return mr.Shares() }

@@ -1,0 +1,92 @@
+package transport
+
+import (
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/internal/route/mem"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// TestMemLinkEndsOutOfStep: an owner that answers a map request after the
+// initiator gave up on it leaves the connection out of step. The link
+// ends there, so that the next request never reads the late answer as its
+// own (buffer 1's file taken for buffer 2's).
+func TestMemLinkEndsOutOfStep(t *testing.T) {
+	const size = 4096
+	bufA, err := mr.Alloc(size)
+	require.NoError(t, err)
+	defer mr.Free(bufA)
+	bufB, err := mr.Alloc(size)
+	require.NoError(t, err)
+	defer mr.Free(bufB)
+	copy(bufA, "AAAA buffer 1")
+	copy(bufB, "BBBB buffer 2")
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "sock")
+		c, err := net.FileConn(f)
+		require.NoError(t, err)
+		f.Close()
+		return c.(*net.UnixConn)
+	}
+	ini, own := conn(pair[0]), conn(pair[1])
+	defer ini.Close()
+	defer own.Close()
+	go func() { // the owner answers in order, the first answer late
+		b := make([]byte, 64)
+		for i := 0; ; i++ {
+			n, err := own.Read(b)
+			if err != nil {
+				return
+			}
+			buf := bufA
+			if i > 0 {
+				buf = bufB
+			}
+			if i == 0 {
+				time.Sleep(verifyTimeout + 300*time.Millisecond) // the slow owner this test is about
+			}
+			fd, _, _ := mr.File(buf, false)
+			_ = memAnswer(own, memOK, "", size, b[4:24:n], fd)
+			unix.Close(fd)
+		}
+	}()
+	l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{}}
+	ep := func(slot uint32) *remoteEP { return &remoteEP{key: 7, base: 8, guard: &guardRef{slot: slot, gen: 1}} }
+	_, err = l.get(&RemoteBuffer{id: 1, size: size, n: size, access: mr.ReadWrite}, ep(1))
+	require.Error(t, err, "the answer came after the deadline")
+	mm, err := l.get(&RemoteBuffer{id: 2, size: size, n: size, access: mr.ReadWrite}, ep(2))
+	if err == nil {
+		require.Equal(t, "BBBB buffer 2", string(mm.b[:13]), "buffer 2's mapping is another buffer's file")
+	}
+	require.True(t, l.done.Load(), "the link ended when it fell out of step")
+}
+
+// TestMemWaitWhilePeerLeaves: Close's wait for one peer's mark goes on
+// while another peer's connection ends and its use page is released.
+func TestMemWaitWhilePeerLeaves(t *testing.T) {
+	newPeer := func() *memPeer {
+		page, err := mr.Alloc(useSlots * 4)
+		require.NoError(t, err)
+		return &memPeer{pid: os.Getpid(), pidfd: -1, page: page, uses: mem.UsesOf(page)}
+	}
+	a, b := newPeer(), newPeer()
+	ps := &memPeers{list: []*memPeer{a, b}}
+	const slot = 5
+	a.uses.Mark(slot)
+	b.uses.Mark(slot) // wait reads b's page after a's
+	done := make(chan []int)
+	go func() { done <- ps.wait(slot, time.Now().Add(time.Minute)) }()
+	b.uses.Leave(slot)
+	ps.end(b) // b, idle, leaves: its page is released while wait runs
+	a.uses.Leave(slot)
+	require.Empty(t, <-done)
+	ps.close()
+}
