@@ -5,13 +5,20 @@
 // many of both at once.
 //
 // Transfers are routed by where the owner of the remote buffer runs: in
-// the same manager, a memcpy; on the same node, cma — fitransfer's own
-// process_vm_readv/writev, because libfabric's shm can leave a process
-// deaf for good when a peer dies mid-copy — or libfabric's shm where cma
-// cannot serve (device memory, peers process_vm_readv does not reach);
-// elsewhere the inter-node backend (efa-direct, efa or tcp;ofi_rxm, see
-// fabric.Select). Network transfers are split into chunks no larger than
-// the provider allows, with no more ops in flight than the endpoint's
+// the same manager, a memcpy; on the same node, mem (the owner hands the
+// initiator the memfd of a whole mr.Alloc allocation peers may read,
+// read-only when they may only read, and an op is a copy between
+// mappings), else cma — fitransfer's own process_vm_readv/writev, because
+// libfabric's shm can leave a process deaf for good when a peer dies
+// mid-copy — or libfabric's shm where cma cannot serve (device memory,
+// peers process_vm_readv does not reach); elsewhere the inter-node backend
+// (efa-direct, efa or tcp;ofi_rxm, see fabric.Select). WithProviders
+// forces routes ("mem", "cma", "shm", ...); FITRANSFER_MEM=0 switches mem
+// off, as does yama's ptrace_scope above 0 (MemAvailable). Register refuses, with ErrNoRoute, a buffer with
+// remote access that none of the manager's routes can share (on a
+// mem-only manager: a write-only buffer, or memory that is not a whole
+// mr.Alloc allocation). Network transfers are split into chunks no larger
+// than the provider allows, with no more ops in flight than the endpoint's
 // transmit queue and completion queue hold, and every chunk asks for a
 // completion.
 //
@@ -19,14 +26,18 @@
 // memory (FI_DELIVERY_COMPLETE), unless the manager was created with
 // WithTransmitComplete. For device (GPU) memory, a completion does not by
 // itself make the bytes visible to kernels on the device; see docs/EFA.md.
+// On mem, an owner that died moments before, before this manager saw its
+// verifier connection end, is the exception: its pages outlive it in this
+// process's mapping, and a write (or read) with them returns nil; ops
+// after the manager saw the death fail with ErrPeerGone.
 //
 // Every method is safe for concurrent use. Every wait has a deadline: the
 // context's, or the manager's default timeout when the context has none.
 // A context already done when a transfer is asked for returns its error
 // before anything moves. A deadline ends a long transfer within the copy
-// of one piece on memcpy and cma (4 MiB) and of one part on shm (32 MiB),
-// whose single-copy path copies inside libfabric's post calls; tcp;ofi_rxm
-// and efa ops end at the deadline itself.
+// of one piece on memcpy, mem and cma (4 MiB) and of one part on shm
+// (32 MiB), whose single-copy path copies inside libfabric's post calls;
+// tcp;ofi_rxm and efa ops end at the deadline itself.
 //
 // # Errors
 //
@@ -44,22 +55,24 @@
 // the efa column, which follows the provider's documented error numbers
 // (fabric's hint table):
 //
-//	case                           memcpy   cma      shm      tcp;ofi_rxm  efa
-//	buffer closed by its owner     stale    stale    stale    stale*       stale (prov_errno 7)
-//	altered key                    stale    stale    stale    stale*       stale (7)
-//	no remote right (its handle)   access   access   access   access       access
-//	forged access bits             access   access   access   stale*       stale (7)
-//	range past the buffer          range    range    range    stale*       stale (7), range (11)
-//	deadline passed                timeout  timeout  timeout  timeout      timeout
-//	context canceled               Canceled Canceled Canceled Canceled     Canceled
-//	owner killed                   -        gone     gone     gone         gone (9, 4124)
-//	owner a zombie (not reaped)    -        gone     gone     -            -
+//	case                           memcpy   mem      cma      shm      tcp;ofi_rxm  efa
+//	buffer closed by its owner     stale    stale    stale    stale    stale*       stale (prov_errno 7)
+//	altered key                    stale    stale    stale    stale    stale*       stale (7)
+//	no remote right (its handle)   access   access   access   access   access       access
+//	forged access bits             access   access   access   access   stale*       stale (7)
+//	range past the buffer          range    range    range    range    stale*       stale (7), range (11)
+//	deadline passed                timeout  timeout  timeout  timeout  timeout      timeout
+//	context canceled               Canceled Canceled Canceled Canceled Canceled     Canceled
+//	owner killed                   -        gone     gone     gone     gone         gone (9, 4124)
+//	owner a zombie (not reaped)    -        -        gone     gone     -            -
 //
 // (stale: ErrStaleHandle, access: ErrAccessDenied, range: ErrOutOfRange,
 // timeout: ErrTimeout, gone: ErrPeerGone.) fitransfer checks the handle's
-// own access bits and range before any op, and on memcpy, cma and shm it
-// checks the owner's record of the buffer too, so it knows which check
-// failed. On tcp;ofi_rxm (*) the owner's provider checks key, range and
+// own access bits and range before any op, and on memcpy, mem, cma and shm
+// it checks the owner's record of the buffer too, so it knows which check
+// failed. mem shares no write-only buffer, so its access cells are writes
+// to buffers peers may only read; a read of a write-only buffer takes
+// another route. On tcp;ofi_rxm (*) the owner's provider checks key, range and
 // access, and refuses by shutting the connection down: the op fails with
 // FI_ECANCELED, and a dial of the owner's endpoint tells a refusal (it
 // still listens: ErrStaleHandle, whichever check it was — ops of other
