@@ -15,3 +15,15 @@ func HoldEndpoint(m *Manager, release <-chan struct{}) {
 	})
 	<-held
 }
+
+// LoopsParked reports, by provider, whether the progress loop of each of
+// m's libfabric backends is parked (waiting for work without polling).
+func LoopsParked(m *Manager) map[string]bool {
+	out := map[string]bool{}
+	for _, b := range m.backends().all {
+		if !b.Retired.Load() {
+			out[b.Name()] = b.Parked()
+		}
+	}
+	return out
+}

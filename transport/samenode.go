@@ -153,6 +153,12 @@ func (m *Manager) startVerifier() error {
 			go func() {
 				defer v.wg.Done()
 				defer v.untrack(c)
+				// From now on the peer may use shm toward this manager,
+				// and may need its progress (the first op to a new peer;
+				// every op where shm cannot copy with CMA): the shm loop
+				// polls until the peer's connection ends. Attended before
+				// the proof, which the peer needs for its first shm op.
+				defer m.attendSameNode()()
 				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
@@ -162,6 +168,15 @@ func (m *Manager) startVerifier() error {
 		}
 	}()
 	return nil
+}
+
+// attendSameNode keeps the shm loop polling for a verified peer until
+// the returned release is called.
+func (m *Manager) attendSameNode() (release func()) {
+	if sn := m.backends().sameNode; sn != nil {
+		return sn.Attend()
+	}
+	return func() {}
 }
 
 func (v *verifier) track(c *net.UnixConn) bool {
