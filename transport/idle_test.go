@@ -33,37 +33,51 @@ func waitParked(t *testing.T, m *transport.Manager, what string) {
 
 // TestIdleManagerParksItsLoops: a manager with nothing to do parks every
 // progress loop (tcp blocks in fi_cq_sread, shm waits for a kick) instead
-// of polling every millisecond; a same-node peer that verified it keeps
-// its shm loop polling, since shm has no wait object and the peer may
-// need the owner's progress at any time, until the peer goes; and ops
-// after the idle spell, both ways, still complete.
+// of polling every millisecond; a same-node peer that verified it and
+// uses cma leaves it parked, since cma needs no progress of the owner; a
+// peer that uses shm keeps its shm loop polling, since shm has no wait
+// object and the peer may need the owner's progress at any time, until
+// the peer goes; and ops after the idle spell, both ways, still complete.
 func TestIdleManagerParksItsLoops(t *testing.T) {
-	m := newManager(t, transport.WithProviders(testenv.RouteSHM, testenv.RouteTCP))
+	provs := []string{testenv.RouteSHM, testenv.RouteTCP}
+	withCMA, _ := transport.CMAAvailable()
+	if withCMA {
+		provs = append(provs, testenv.RouteCMA)
+	}
+	m := newManager(t, transport.WithProviders(provs...))
 	mem := alloc(t, 4096)
 	buf := register(t, m, mem, mr.ReadWrite)
+	mine, err := buf.Remote().Slice(0, 8)
+	require.NoError(t, err)
 	waitParked(t, m, "idle")
 
-	// This manager reads from an owner over tcp after its idle spell; the
-	// owner, idle too, reads this manager's buffer back over shm.
+	// This manager reads from an owner over tcp after its idle spell.
 	tcpPeer := testpeer.Start(t, testenv.RouteTCP)
 	remote := tcpPeer.Register(8, mr.ReadWrite, 1)
 	dst, err := buf.Slice(0, 8)
 	require.NoError(t, err)
 	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), dst, remote))
 	assert.Equal(t, testpeer.Pattern(8, 1), mem[:8])
+	waitParked(t, m, "after a read")
 
+	t.Run("cma peer", func(t *testing.T) {
+		testenv.RequireRoute(t, testenv.RouteCMA)
+		p := testpeer.Start(t, testenv.RouteCMA)
+		p.Register(8, mr.ReadWrite, 2)
+		require.NoError(t, p.Transfer("read", 0, mine))
+		waitParked(t, m, "a verified cma peer connected")
+	})
+
+	// The owner, idle too, is read over shm: the peer announced itself,
+	// and the shm loop polls for it, past the spin that follows activity
+	// and for as long as the test looks.
 	shmPeer := testpeer.Start(t, testenv.RouteSHM)
-	shmPeer.Register(8, mr.ReadWrite, 2)
-	mine, err := buf.Remote().Slice(0, 8)
-	require.NoError(t, err)
+	shmPeer.Register(8, mr.ReadWrite, 3)
 	require.NoError(t, shmPeer.Transfer("read", 0, mine))
-	// The peer stays verified: the shm loop polls for it, past the spin
-	// that follows activity and for as long as the test looks.
-	spin := 10 * time.Millisecond
-	time.Sleep(spin)
+	time.Sleep(10 * time.Millisecond) // past Spin
 	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		require.False(t, transport.LoopsParked(m)[testenv.RouteSHM], "the shm loop parked while a verified peer may need it")
+		require.False(t, transport.LoopsParked(m)[testenv.RouteSHM], "the shm loop parked while a peer using shm may need it")
 	}
 	shmPeer.Close()
-	waitParked(t, m, "once the peer left")
+	waitParked(t, m, "once the shm peer left")
 }

@@ -247,8 +247,9 @@ func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*libf
 	if err == nil && b.Provider == fabric.BackendSHM {
 		// shm's CQ has no wait object that wakes on a peer's command, so
 		// its loop would poll every MaxSleep forever; but a peer reaches
-		// this endpoint only through the verifier, which holds an Attend
-		// for it (startVerifier). With no verified peer the loop parks.
+		// this endpoint only through the verifier, and announces its shm
+		// use there first: the verifier holds an Attend for it
+		// (startVerifier). While no peer has, the loop parks.
 		b.ParkWhenUnattended()
 	}
 	return b, err

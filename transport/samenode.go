@@ -34,6 +34,18 @@ import (
 // connection — not from the handle — the owner's guard table location and
 // shm endpoint name. The connection stays open: when the owner closes its
 // manager or dies, it ends, and the peer is no longer verified.
+//
+// Before its first shm op toward the owner, the peer opens a second
+// connection and writes announceShm on it, and keeps it open as long as
+// the first: shm's completion queue has no wait object that a peer's
+// command wakes, so the owner's shm loop parks while no peer has
+// announced itself, and polls while one has (libfabric 1.x's shm needs
+// the owner's progress for a new peer's first op and, where it cannot
+// copy with CMA, for every op). A peer that uses cma announces nothing:
+// cma needs no progress of the owner. A second connection, not a byte on
+// the first, because an owner of an earlier version takes any byte on the
+// first for its end (and answers the second with a proof it is free to
+// ignore).
 
 const (
 	proofMagic   = "FTV1"
@@ -41,6 +53,9 @@ const (
 	proofMaxSize = proofHeader + maxEPNameLen
 	// verifyTimeout bounds the handshake with a peer's manager.
 	verifyTimeout = 2 * time.Second
+	// announceShm is what a peer writes on its second connection to an
+	// owner's verifier: it is about to use shm toward it.
+	announceShm = 'S'
 )
 
 // sameNodePeer is an owner process verified by the kernel: the socket's
@@ -56,6 +71,54 @@ type sameNodePeer struct {
 	// owner is not gone, so what shm holds for it stays.
 	replaced   atomic.Bool
 	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
+
+	owner    ID
+	announce sync.Once
+	annMu    sync.Mutex
+	annConn  *net.UnixConn // the connection announcing shm use; nil when none
+	ended    bool          // conn ended: no announcement may outlive it; under annMu
+}
+
+// usesShm tells the owner, once, that this manager is about to use shm
+// toward it, so that the owner's shm loop polls for it (see above). The
+// announcement needs no answer: the owner's kernel queues the connection
+// and the byte, and its verifier wakes on them. A failure is left to the
+// shm ops, which fail or wait for the owner by themselves.
+func (p *sameNodePeer) usesShm() {
+	p.announce.Do(func() {
+		d := net.Dialer{Timeout: verifyTimeout}
+		nc, err := d.Dial("unixpacket", verifySocket(p.owner))
+		if err != nil {
+			return
+		}
+		c := nc.(*net.UnixConn)
+		cred, err := peerCred(c)
+		if err != nil || int(cred.Pid) != p.pid {
+			_ = c.Close() // not the verified process: it learns nothing
+			return
+		}
+		if _, err := c.Write([]byte{announceShm}); err != nil {
+			_ = c.Close()
+			return
+		}
+		p.annMu.Lock()
+		defer p.annMu.Unlock()
+		if p.ended {
+			_ = c.Close()
+			return
+		}
+		p.annConn = c
+	})
+}
+
+// endAnnouncement closes the announcement with the verified connection.
+func (p *sameNodePeer) endAnnouncement() {
+	p.annMu.Lock()
+	defer p.annMu.Unlock()
+	p.ended = true
+	if p.annConn != nil {
+		_ = p.annConn.Close()
+	}
 }
 
 // guardLoc is where a guard table is read, and its key.
@@ -153,17 +216,26 @@ func (m *Manager) startVerifier() error {
 			go func() {
 				defer v.wg.Done()
 				defer v.untrack(c)
-				// From now on the peer may use shm toward this manager,
-				// and may need its progress (the first op to a new peer;
-				// every op where shm cannot copy with CMA): the shm loop
-				// polls until the peer's connection ends. Attended before
-				// the proof, which the peer needs for its first shm op.
-				defer m.attendSameNode()()
 				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
-				var b [1]byte
-				_, _ = c.Read(b[:]) // held open until the peer or Close ends it
+				// Held open until the peer or Close ends it. A peer that
+				// announces shm use may need this manager's progress at
+				// any time from now on (the first op of a new peer; every
+				// op where shm cannot copy with CMA): the shm loop polls
+				// until the connection ends.
+				release := func() {}
+				defer func() { release() }()
+				for attended := false; ; {
+					var b [1]byte
+					n, err := c.Read(b[:])
+					if err != nil || n == 0 {
+						return
+					}
+					if b[0] == announceShm && !attended {
+						attended, release = true, m.attendSameNode()
+					}
+				}
 			}()
 		}
 	}()
@@ -432,7 +504,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	if err != nil {
 		return fail("process %d did not answer: %v", cred.Pid, err)
 	}
-	p := &sameNodePeer{conn: c}
+	p := &sameNodePeer{conn: c, owner: owner}
 	pid, err := parseProof(b[:n], p)
 	if err != nil {
 		return fail("process %d: %v", cred.Pid, err)
@@ -448,6 +520,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	go func() {
 		var b [1]byte
 		_, _ = c.Read(b[:]) // returns when the owner's side ends
+		p.endAnnouncement()
 		p.gone.Store(true)
 		if !p.replaced.Load() {
 			onGone(p)
