@@ -1,5 +1,7 @@
 package transport
 
+import "time"
+
 // ReplaceSameNode retires m's shm endpoint as if it were stuck inside
 // libfabric, and opens another: the path a wedge takes, without the wedge.
 func ReplaceSameNode(m *Manager) error { return m.replaceSameNode(m.backends().sameNode) }
@@ -26,4 +28,12 @@ func LoopsParked(m *Manager) map[string]bool {
 		}
 	}
 	return out
+}
+
+// SetFirstOpGrace sets how long an owner's shm loop polls for every peer
+// that connects to its verifier, until restore is called.
+func SetFirstOpGrace(d time.Duration) (restore func()) {
+	old := firstOpGrace
+	firstOpGrace = d
+	return func() { firstOpGrace = old }
 }

@@ -44,6 +44,8 @@ func TestIdleManagerParksItsLoops(t *testing.T) {
 	if withCMA {
 		provs = append(provs, testenv.RouteCMA)
 	}
+	// Short, so that what follows it shows within the test.
+	t.Cleanup(transport.SetFirstOpGrace(20 * time.Millisecond)) // after the manager closes
 	m := newManager(t, transport.WithProviders(provs...))
 	mem := alloc(t, 4096)
 	buf := register(t, m, mem, mr.ReadWrite)
@@ -70,11 +72,12 @@ func TestIdleManagerParksItsLoops(t *testing.T) {
 
 	// The owner, idle too, is read over shm: the peer announced itself,
 	// and the shm loop polls for it, past the spin that follows activity
-	// and for as long as the test looks.
+	// and the grace that follows a verification, for as long as the test
+	// looks.
 	shmPeer := testpeer.Start(t, testenv.RouteSHM)
 	shmPeer.Register(8, mr.ReadWrite, 3)
 	require.NoError(t, shmPeer.Transfer("read", 0, mine))
-	time.Sleep(10 * time.Millisecond) // past Spin
+	time.Sleep(50 * time.Millisecond) // past Spin and the grace
 	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		require.False(t, transport.LoopsParked(m)[testenv.RouteSHM], "the shm loop parked while a peer using shm may need it")
 	}

@@ -45,7 +45,10 @@ import (
 // cma needs no progress of the owner. A second connection, not a byte on
 // the first, because an owner of an earlier version takes any byte on the
 // first for its end (and answers the second with a proof it is free to
-// ignore).
+// ignore). For firstOpGrace after any peer connects the owner's shm loop
+// polls anyway: for a first op that overtakes the announcement, and for
+// peers of earlier versions, which announce nothing (their later ops,
+// where they need the owner, wait for its parked loop's next look).
 
 const (
 	proofMagic   = "FTV1"
@@ -57,6 +60,10 @@ const (
 	// owner's verifier: it is about to use shm toward it.
 	announceShm = 'S'
 )
+
+// firstOpGrace is how long an owner's shm loop polls for any peer that
+// connects to its verifier, announced or not (a variable for tests).
+var firstOpGrace = time.Second
 
 // sameNodePeer is an owner process verified by the kernel: the socket's
 // peer credentials name pid and this process's uid.
@@ -216,6 +223,13 @@ func (m *Manager) startVerifier() error {
 			go func() {
 				defer v.wg.Done()
 				defer v.untrack(c)
+				// A peer that has just verified this manager may send its
+				// first shm op right away, before its announcement (below)
+				// is read here, and a peer of an earlier version sends
+				// none: the shm loop polls for firstOpGrace from the start.
+				grace := m.attendSameNode()
+				timer := time.AfterFunc(firstOpGrace, grace)
+				defer func() { timer.Stop(); grace() }()
 				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
