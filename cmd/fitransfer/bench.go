@@ -79,7 +79,7 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
 	fs.StringVar(&o.fabtests, "fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
-	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options and the first 8 B read per route (lines after the table; behind \"# \" with --csv); 0 skips it")
+	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options, and per route the first 8 B read after each fifth of it (lines after the table; behind \"# \" with --csv); 0 skips it")
 	fs.IntVar(&o.repeat, "repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	return fs, o

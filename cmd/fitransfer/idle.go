@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,16 +30,23 @@ type idleFigures struct {
 	firstOp []firstOp
 }
 
-// firstOp is the first read over one route after an idle spell.
+// firstOp is the first read over one route after each of
+// firstOpRounds idle spells.
 type firstOp struct {
 	provider string
-	took     time.Duration
+	took     []time.Duration
 	err      error
 }
 
+// firstOpRounds is how many idle spells, of span/firstOpRounds each, the
+// first reads follow: one read says little on a busy machine, whose
+// scheduler alone can delay a wake-up by milliseconds.
+const firstOpRounds = 5
+
 // measureIdle measures the idle figures, each over span: the CPU of a
 // default manager in this process (nothing else runs here meanwhile), then
-// the first read over each of provs, all of whose sessions idled together.
+// the first read over each of provs after each of firstOpRounds idle
+// spells, in which all the sessions idle together.
 func measureIdle(ctx context.Context, provs []string, span, timeout time.Duration, stderr io.Writer) idleFigures {
 	f := idleFigures{span: span}
 	f.cpu, f.cpuErr = idleCPU(ctx, span)
@@ -101,23 +109,32 @@ func measureIdle(ctx context.Context, provs []string, span, timeout time.Duratio
 		// exchange, connection, verification): not what is measured.
 		s.err = s.m.ReadInto(ctx, s.dst, s.src)
 	}
-	if !sleepCtx(ctx, span) {
-		for _, s := range sessions {
-			f.firstOp = append(f.firstOp, firstOp{provider: s.provider, err: ctx.Err()})
-		}
-		return f
+	ops := make([]firstOp, len(sessions))
+	for i, s := range sessions {
+		ops[i] = firstOp{provider: s.provider, err: s.err}
 	}
-	for _, s := range sessions {
-		op := firstOp{provider: s.provider, err: s.err}
-		if op.err == nil {
-			start := time.Now()
-			op.err = s.m.ReadInto(ctx, s.dst, s.src)
-			op.took = time.Since(start)
+	f.firstOp = ops
+	for round := 0; round < firstOpRounds; round++ {
+		if !sleepCtx(ctx, f.spell()) {
+			for i := range ops {
+				ops[i].err = ctx.Err()
+			}
+			return f
 		}
-		f.firstOp = append(f.firstOp, op)
+		for i, s := range sessions {
+			if ops[i].err != nil {
+				continue
+			}
+			start := time.Now()
+			ops[i].err = s.m.ReadInto(ctx, s.dst, s.src)
+			ops[i].took = append(ops[i].took, time.Since(start))
+		}
 	}
 	return f
 }
+
+// spell is the idle spell before each round of first reads.
+func (f idleFigures) spell() time.Duration { return max(f.span/firstOpRounds, time.Millisecond) }
 
 // idleCPU is the CPU a manager with default options takes over span doing
 // nothing, in % of a core, from this process's utime and stime.
@@ -195,12 +212,17 @@ func (f idleFigures) print(w io.Writer, prefix string) error {
 	fmt.Fprintf(w, "%sidle: a manager with default options used %s over %v (utime+stime, /proc/self/stat)\n", prefix, cpu, f.span)
 	var ops []string
 	for _, op := range f.firstOp {
-		v := f2(float64(op.took)/float64(time.Microsecond)) + " usec"
 		if op.err != nil {
-			v = note(op.err)
+			ops = append(ops, op.provider+" "+note(op.err))
+			continue
 		}
-		ops = append(ops, op.provider+" "+v)
+		us := make([]float64, len(op.took))
+		for i, d := range op.took {
+			us[i] = float64(d) / float64(time.Microsecond)
+		}
+		ops = append(ops, op.provider+" "+f2(median(us))+" usec (max "+f2(slices.Max(us))+")")
 	}
-	fmt.Fprintf(w, "%sfirst 8 B read after %v idle, owner a local serve: %s\n", prefix, f.span, strings.Join(ops, ", "))
+	fmt.Fprintf(w, "%sfirst 8 B read after %v idle, median of %d (owner a local serve): %s\n",
+		prefix, f.spell(), firstOpRounds, strings.Join(ops, ", "))
 	return first
 }
