@@ -130,7 +130,8 @@ type posting struct {
 // taken by whoever progresses the endpoint: a goroutine waiting for its own
 // job (it posts and reaps itself, with no hand-off to another goroutine),
 // or, when nobody waits, the loop's background goroutine — which keeps
-// progressing even when the endpoint is only a target.
+// progressing even when the endpoint is only a target (parked, when idle,
+// where that keeps no peer waiting: see PollPolicy).
 type Loop struct {
 	ep     *endpoint.Endpoint // nil for a loop over a test port
 	port   port
