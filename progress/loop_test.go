@@ -685,3 +685,41 @@ func TestUnattendedLoopParks(t *testing.T) {
 	assert.Equal(t, 2, j.Completed)
 	require.NoError(t, l.Close(nil))
 }
+
+// TestParkedWaitCallersGetIn: a loop parked in its CQ's wait object (for
+// an hour here) lets Do in, runs a job submitted with nobody waiting for
+// it, and closes, each without waiting for the wait's timeout: they signal
+// it out.
+func TestParkedWaitCallersGetIn(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	l := newLoop(f, 4, DefaultPollPolicy, zerolog.Nop())
+	l.parkFor = time.Hour
+	go l.run()
+	parked := func() bool { return l.Parked() && l.sleeping.Load() }
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	ran := false
+	require.NoError(t, l.Do(func() { ran = true }))
+	assert.True(t, ran)
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	f.setAuto(true, nil)
+	j := job(2, nil)
+	require.NoError(t, l.Submit(j))
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a job submitted to a parked loop did not run")
+	}
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(nil) }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the parked wait")
+	}
+}
