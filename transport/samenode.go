@@ -41,7 +41,8 @@ import (
 // command wakes, so the owner's shm loop parks while no peer has
 // announced itself, and polls while one has (libfabric 1.x's shm needs
 // the owner's progress for a new peer's first op and, where it cannot
-// copy with CMA, for every op). A peer that uses cma announces nothing:
+// copy with CMA, for every op; 2.x's, whose single-copy path fitransfer
+// turns off, for every op). A peer that uses cma announces nothing:
 // cma needs no progress of the owner. A second connection, not a byte on
 // the first, because an owner of an earlier version takes any byte on the
 // first for its end (and answers the second with a proof it is free to
