@@ -3,5 +3,8 @@
 // completion queue in batches, turns error completions (fi_cq_readerr)
 // into typed errors, and keeps progressing when the endpoint is only a
 // target, because on every provider fitransfer uses the target must poll
-// too or initiators never see their ops complete.
+// too or initiators never see their ops complete. An idle loop parks where
+// no peer can be kept waiting by it: in fi_cq_sread, which traffic wakes,
+// or, on an endpoint peers announce themselves to, while none has
+// (Loop.ParkWhenUnattended, Loop.Attend).
 package progress

@@ -130,7 +130,8 @@ type posting struct {
 // taken by whoever progresses the endpoint: a goroutine waiting for its own
 // job (it posts and reaps itself, with no hand-off to another goroutine),
 // or, when nobody waits, the loop's background goroutine — which keeps
-// progressing even when the endpoint is only a target.
+// progressing even when the endpoint is only a target (parked, when idle,
+// where that keeps no peer waiting: see PollPolicy).
 type Loop struct {
 	ep     *endpoint.Endpoint // nil for a loop over a test port
 	port   port
@@ -157,9 +158,17 @@ type Loop struct {
 	timers    sync.Pool    // *time.Timer for Poll's bound
 	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
 	sleeping  atomic.Bool  // the background goroutine blocks in fi_cq_sread
-	wake      chan struct{}
-	exited    chan struct{}
-	timer     *time.Timer // the background goroutine's
+	// parked: the background goroutine waits for work without polling
+	// (park), so a Submit must wake it.
+	parked atomic.Bool
+	// attendOnly: peers that need this endpoint's progress hold an Attend
+	// (ParkWhenUnattended); attending counts them.
+	attendOnly atomic.Bool
+	attending  atomic.Int32
+	parkFor    time.Duration // parkFor, or what a test set
+	wake       chan struct{}
+	exited     chan struct{}
+	timer      *time.Timer // the background goroutine's
 
 	// under drive
 	down       bool   // the endpoint is closed
@@ -205,7 +214,7 @@ func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
-		timer: time.NewTimer(time.Hour),
+		timer: time.NewTimer(time.Hour), parkFor: parkFor,
 	}
 	l.timer.Stop()
 	for i := range l.free {
@@ -218,9 +227,10 @@ func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 func (l *Loop) Endpoint() *endpoint.Endpoint { return l.ep }
 
 // Submit queues a job; Wait for it, which progresses it. (Submit does not
-// wake the background goroutine: it would only compete with the waiter.
-// Without a waiter the job still starts within the poll policy's
-// MaxSleep, or within max(MaxSleep, 1ms) of the last waiter leaving.) It
+// wake a polling background goroutine: it would only compete with the
+// waiter. Without a waiter the job still starts within the poll policy's
+// MaxSleep, or within max(MaxSleep, 1ms) of the last waiter leaving; a
+// parked goroutine is woken.) It
 // fails with ErrClosed when the loop is closing, and with ErrJobBusy when
 // the job is still in a loop (submitted and not yet settled).
 func (l *Loop) Submit(j *Job) error {
@@ -235,6 +245,11 @@ func (l *Loop) Submit(j *Job) error {
 	}
 	l.inbox = append(l.inbox, j)
 	l.mu.Unlock()
+	if l.parked.Load() {
+		// A parked loop would not look for a job nobody waits for until
+		// parkFor passed. (After the inbox: see idle.)
+		l.kick()
+	}
 	return nil
 }
 
@@ -594,7 +609,8 @@ func (l *Loop) kick() {
 
 // run is the background goroutine: it progresses the endpoint when no
 // waiter does, spinning for the policy's Spin after activity and then
-// sleeping between polls.
+// sleeping between polls — or parking, when nothing runs and no peer
+// needs it to poll (mayPark).
 func (l *Loop) run() {
 	defer close(l.exited)
 	sleep := l.policy.MinSleep
@@ -623,6 +639,7 @@ func (l *Loop) run() {
 		worked := l.iterate(now)
 		idleFor := time.Duration(now - l.lastActive)
 		woke := l.woke
+		quiet := len(l.running) == 0 && l.inflight == 0
 		l.drive.Unlock()
 		if woke {
 			// The finished job's waiter, if parked, was made runnable on
@@ -646,7 +663,15 @@ func (l *Loop) run() {
 			yieldIfDue(now, &yielded)
 			continue
 		}
-		if l.idle(sleep) {
+		if quiet && l.mayPark() {
+			// Nothing of ours is running: no deadline to watch, no
+			// completion to wait for.
+			if l.idle(l.parkFor, true) {
+				sleep = l.policy.MinSleep
+			}
+			continue
+		}
+		if l.idle(sleep, false) {
 			sleep = l.policy.MinSleep
 			continue
 		}
@@ -1014,14 +1039,16 @@ func (l *Loop) pollEQ() {
 	}
 }
 
-// idle waits for work: in fi_cq_sread (holding the drive lock; waiters
-// and Do signal it out) when the CQ wakes on traffic, else on a kick or a
-// timer. It reports whether completions arrived.
-func (l *Loop) idle(d time.Duration) bool {
-	l.mu.Lock()
-	pending := len(l.inbox) > 0 || l.closing
-	l.mu.Unlock()
-	if pending || l.drivers.Load() > 0 || monoNow()-l.polled.Load() < int64(time.Millisecond) {
+// idle waits for work for up to d: in fi_cq_sread (holding the drive
+// lock; waiters and Do signal it out) when the CQ wakes on traffic, else
+// on a kick or a timer. park marks the wait as a park (Submit wakes it).
+// It reports whether completions arrived.
+func (l *Loop) idle(d time.Duration, park bool) bool {
+	if park {
+		l.parked.Store(true)
+		defer l.parked.Store(false)
+	}
+	if l.pending() {
 		return false
 	}
 	if l.port.waitable() {
@@ -1032,8 +1059,17 @@ func (l *Loop) idle(d time.Duration) bool {
 		}
 		l.sleeping.Store(true)
 		defer l.sleeping.Store(false)
+		// Look again now that sleeping (and parked) are set: whoever
+		// changed what pending reads after this signals the wait, and a
+		// signal that comes before fi_cq_sread still ends it (the CQ
+		// keeps it).
+		if l.pending() {
+			return false
+		}
 		ms := max(int(d/time.Millisecond), 1)
-		l.inCall.Store(monoNow())
+		// The wait is not stuck until it outlasts its own timeout:
+		// Wedged counts from its end.
+		l.inCall.Store(monoNow() + int64(d))
 		slots, err := l.port.wait(ms)
 		l.inCall.Store(0)
 		worked := l.handle(slots, err)
@@ -1042,8 +1078,55 @@ func (l *Loop) idle(d time.Duration) bool {
 		}
 		return worked
 	}
+	// The wake channel keeps a kick that comes before the pause.
 	l.pause(d)
 	return false
+}
+
+// pending reports whether something wants the background goroutine now:
+// a submission, Close, a waiter driving, or a recent Poll.
+func (l *Loop) pending() bool {
+	l.mu.Lock()
+	pending := len(l.inbox) > 0 || l.closing
+	l.mu.Unlock()
+	return pending || l.drivers.Load() > 0 || monoNow()-l.polled.Load() < int64(time.Millisecond)
+}
+
+// parkFor is how long a parked loop waits before it looks once anyway: a
+// safety net, not a poll — what it waits for wakes it (traffic on a CQ
+// with a wait object, a kick, an Attend).
+const parkFor = time.Second
+
+// mayPark reports whether an idle loop with nothing running may wait for
+// work without polling: its CQ wakes on traffic (fi_cq_sread), or every
+// peer that needs its progress attends (ParkWhenUnattended) and none does.
+func (l *Loop) mayPark() bool {
+	return l.port.waitable() || l.attendOnly.Load() && l.attending.Load() == 0
+}
+
+// Parked reports whether the loop's goroutine is waiting for work without
+// polling: blocked in the CQ's wait object, or (ParkWhenUnattended) until
+// something wakes it.
+func (l *Loop) Parked() bool { return l.parked.Load() }
+
+// ParkWhenUnattended declares that every peer needing this endpoint's
+// progress holds an Attend while it may need it. Then, while no one
+// attends, an idle loop whose endpoint has no wait object parks instead of
+// polling every MaxSleep. Without it such a loop keeps polling, as it must
+// where peers arrive unannounced (efa: a remote peer's first packet needs
+// the target's progress). Endpoints whose CQ wakes on traffic park
+// regardless.
+func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
+
+// Attend makes the loop poll its endpoint at least every MaxSleep while
+// idle, until release is called (once): for a peer that may need this
+// endpoint's progress at any time, on an endpoint with no wait object
+// (ParkWhenUnattended). A parked loop starts polling at once.
+func (l *Loop) Attend() (release func()) {
+	l.attending.Add(1)
+	l.kick()
+	var once sync.Once
+	return func() { once.Do(func() { l.attending.Add(-1) }) }
 }
 
 // shutdownDrain is how long shutdown reaps completions of ops still in

@@ -38,10 +38,16 @@ type fakePort struct {
 	mayHang  bool          // callsMayNeverReturn
 	posted   atomic.Int64
 	closed   bool
+	// canWait makes the port waitable: wait blocks until signal or its
+	// timeout, as fi_cq_sread on a CQ that nothing completes to.
+	canWait bool
+	sig     chan struct{}
+	waits   atomic.Int64 // wait calls
+	reaps   atomic.Int64 // CQ reads, by reap or wait: rounds of progress
 }
 
 func newFakePort() *fakePort {
-	return &fakePort{ops: map[uint32]fabric.Op{}, batch: make([]fabric.Op, postBatch)}
+	return &fakePort{ops: map[uint32]fabric.Op{}, batch: make([]fabric.Op, postBatch), sig: make(chan struct{}, 1)}
 }
 
 func (f *fakePort) provider() string { return "fake" }
@@ -91,6 +97,7 @@ func (f *fakePort) post(n int) (int, error) {
 }
 
 func (f *fakePort) reap() ([]uint32, error) {
+	f.reaps.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.auto && len(f.pending) > 0 {
@@ -124,9 +131,27 @@ func (f *fakePort) readErr() (fabric.CQError, bool, error) {
 	return e, true, nil
 }
 
-func (f *fakePort) waitable() bool                { return false }
-func (f *fakePort) wait(int) ([]uint32, error)    { return f.reap() }
-func (f *fakePort) signal()                       {}
+func (f *fakePort) waitable() bool { return f.canWait }
+
+func (f *fakePort) wait(ms int) ([]uint32, error) {
+	f.waits.Add(1)
+	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-f.sig:
+	case <-t.C:
+	}
+	return f.reap()
+}
+
+// signal is kept until a wait takes it, as libfabric's CQ keeps one.
+func (f *fakePort) signal() {
+	select {
+	case f.sig <- struct{}{}:
+	default:
+	}
+}
+
 func (f *fakePort) pollEQ() *fabric.EQError       { return nil }
 func (f *fakePort) unsafeToCloseInFlight() bool   { return false }
 func (f *fakePort) abandon()                      {}
@@ -586,4 +611,115 @@ func TestLoopRandomized(t *testing.T) {
 	l.drive.Unlock()
 	assert.Equal(t, 0, stale, "completions that reached a reused job")
 	assert.Equal(t, int32(0), violations.Load())
+}
+
+// TestIdleLoopBlocksInWaitObject: a loop with nothing to do, over a CQ
+// that wakes on traffic, blocks in the CQ's wait object instead of
+// polling it every MaxSleep (about a thousand rounds a second, most of an
+// idle manager's CPU); a wait is not a stuck call; and an op submitted
+// after the idle spell still completes, its waiter signalling the wait
+// out.
+func TestIdleLoopBlocksInWaitObject(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	policy := DefaultPollPolicy
+	policy.WedgeAfter = 200 * time.Millisecond // well within one wait
+	l := newLoop(f, 4, policy, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	require.Eventually(t, func() bool { return f.waits.Load() > 0 }, 10*time.Second, time.Millisecond,
+		"the loop never waited in the CQ")
+	before := f.reaps.Load()
+	var wedged error
+	for end := time.Now().Add(time.Second); time.Now().Before(end) && wedged == nil; time.Sleep(5 * time.Millisecond) {
+		wedged = l.Wedged()
+	}
+	rounds := f.reaps.Load() - before
+	assert.LessOrEqual(t, rounds, int64(5), "rounds of progress in a second of idleness")
+	assert.NoError(t, wedged, "waiting for traffic is not a call stuck inside libfabric")
+
+	f.setAuto(true, nil)
+	j := job(3, nil)
+	require.NoError(t, l.Submit(j))
+	require.NoError(t, l.Wait(context.Background(), j))
+	assert.Empty(t, j.Errs)
+	assert.Equal(t, 3, j.Completed)
+	require.NoError(t, l.Close(nil))
+}
+
+// TestUnattendedLoopParks: a loop with no wait object whose peers
+// announce themselves (ParkWhenUnattended) stops polling while no one
+// attends; an Attend makes it poll again at once, and once released it
+// parks again; a job submitted to the parked loop with nobody waiting
+// for it still runs (Submit wakes it).
+func TestUnattendedLoopParks(t *testing.T) {
+	f := newFakePort()
+	l := newLoop(f, 4, DefaultPollPolicy, zerolog.Nop())
+	l.parkFor = time.Hour // nothing but what the test does wakes it
+	l.ParkWhenUnattended()
+	go l.run()
+	defer l.Close(nil)
+	require.Eventually(t, l.Parked, 10*time.Second, time.Millisecond)
+	before := f.reaps.Load()
+	time.Sleep(time.Second)
+	assert.LessOrEqual(t, f.reaps.Load()-before, int64(1), "rounds of progress in a second parked")
+
+	release := l.Attend()
+	before = f.reaps.Load()
+	require.Eventually(t, func() bool { return f.reaps.Load()-before >= 50 }, 10*time.Second, time.Millisecond,
+		"an attended loop polls")
+	assert.False(t, l.Parked())
+	release()
+	release() // once only
+	assert.Equal(t, int32(0), l.attending.Load())
+	require.Eventually(t, l.Parked, 10*time.Second, time.Millisecond)
+
+	f.setAuto(true, nil)
+	j := job(2, nil)
+	require.NoError(t, l.Submit(j))
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a job submitted to a parked loop did not run")
+	}
+	assert.Equal(t, 2, j.Completed)
+	require.NoError(t, l.Close(nil))
+}
+
+// TestParkedWaitCallersGetIn: a loop parked in its CQ's wait object (for
+// an hour here) lets Do in, runs a job submitted with nobody waiting for
+// it, and closes, each without waiting for the wait's timeout: they signal
+// it out.
+func TestParkedWaitCallersGetIn(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	l := newLoop(f, 4, DefaultPollPolicy, zerolog.Nop())
+	l.parkFor = time.Hour
+	go l.run()
+	parked := func() bool { return l.Parked() && l.sleeping.Load() }
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	ran := false
+	require.NoError(t, l.Do(func() { ran = true }))
+	assert.True(t, ran)
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	f.setAuto(true, nil)
+	j := job(2, nil)
+	require.NoError(t, l.Submit(j))
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a job submitted to a parked loop did not run")
+	}
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(nil) }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the parked wait")
+	}
 }

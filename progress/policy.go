@@ -11,6 +11,14 @@ import "time"
 // (Loop.Wait), and a job nobody waits for starts within MaxSleep.
 // Endpoints whose completion queue wakes on incoming traffic (tcp) block
 // in fi_cq_sread instead of sleeping, for at most MaxSleep.
+//
+// Once nothing of the loop's own is running (no job, no op in flight) and
+// Spin has passed, it parks instead of polling, where that cannot keep a
+// peer waiting: in fi_cq_sread until traffic, a signal or a second passes
+// when the completion queue wakes on traffic; until woken, when no peer
+// attends (Loop.ParkWhenUnattended). A parked loop costs no CPU; each
+// poll every MaxSleep costs a timer wake-up, and a thousand a second took
+// several percent of a core.
 type PollPolicy struct {
 	Spin     time.Duration
 	MinSleep time.Duration
@@ -21,8 +29,8 @@ type PollPolicy struct {
 }
 
 // DefaultPollPolicy spins for 2 ms after activity and then polls at least
-// every millisecond: targets serve peers within about a millisecond while
-// idle and use little CPU.
+// every millisecond, or parks (see PollPolicy): targets serve peers within
+// about a millisecond while idle and use little CPU.
 var DefaultPollPolicy = PollPolicy{Spin: 2 * time.Millisecond, MinSleep: 50 * time.Microsecond, MaxSleep: time.Millisecond}
 
 // BusyPollPolicy never sleeps (as fabtests do): lowest latency, one core

@@ -1,5 +1,7 @@
 package transport
 
+import "time"
+
 // ReplaceSameNode retires m's shm endpoint as if it were stuck inside
 // libfabric, and opens another: the path a wedge takes, without the wedge.
 func ReplaceSameNode(m *Manager) error { return m.replaceSameNode(m.backends().sameNode) }
@@ -23,3 +25,23 @@ func GuardDirect(m *Manager) bool { return m.guardDirect }
 // GuardOverShm makes m's shm handle checks read guard entries over shm,
 // as where shm does not copy with process_vm_readv itself.
 func GuardOverShm(m *Manager) { m.guardDirect = false }
+
+// LoopsParked reports, by provider, whether the progress loop of each of
+// m's libfabric backends is parked (waiting for work without polling).
+func LoopsParked(m *Manager) map[string]bool {
+	out := map[string]bool{}
+	for _, b := range m.backends().all {
+		if !b.Retired.Load() {
+			out[b.Name()] = b.Parked()
+		}
+	}
+	return out
+}
+
+// SetFirstOpGrace sets how long an owner's shm loop polls for every peer
+// that connects to its verifier, until restore is called.
+func SetFirstOpGrace(d time.Duration) (restore func()) {
+	old := firstOpGrace
+	firstOpGrace = d
+	return func() { firstOpGrace = old }
+}

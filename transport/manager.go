@@ -265,7 +265,16 @@ func (m *Manager) replaceProvider(infos []fabric.Info, provider string, query fu
 }
 
 func (m *Manager) open(index int, info *fabric.Info, reason, role string) (*libfabric.Route, error) {
-	return libfabric.Open(index, info, reason, role, m.cfg.poll, m.log, m.cfg.chunk)
+	b, err := libfabric.Open(index, info, reason, role, m.cfg.poll, m.log, m.cfg.chunk)
+	if err == nil && b.Provider == fabric.BackendSHM {
+		// shm's CQ has no wait object that wakes on a peer's command, so
+		// its loop would poll every MaxSleep forever; but a peer reaches
+		// this endpoint only through the verifier, and announces its shm
+		// use there first: the verifier holds an Attend for it
+		// (startVerifier). While no peer has, the loop parks.
+		b.ParkWhenUnattended()
+	}
+	return b, err
 }
 
 func canonicalProvider(p string) string {

@@ -121,21 +121,33 @@ type memPeers struct {
 
 // serveMem answers the mem requests of a verified peer, process pid, on
 // its connection c until it ends.
+//
+// A peer that announces shm use on a connection (announceShm, no answer)
+// may need this manager's progress at any time from then on (the first
+// op of a new peer; every op where shm cannot copy with CMA): the shm
+// loop polls until that connection ends.
 func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
+	release := func() {}
 	defer func() {
+		release()
 		if peer != nil {
 			m.memPeers.end(peer)
 		}
 	}()
+	attended := false
 	b := make([]byte, 64)
 	for {
 		n, err := c.Read(b)
-		if err != nil {
+		if err != nil || n == 0 {
 			return
 		}
 		req := b[:n]
 		switch {
+		case n == 1 && req[0] == announceShm:
+			if !attended {
+				attended, release = true, m.attendSameNode()
+			}
 		case !m.memOn:
 			err = memAnswer(c, memRefused, "this manager does not share memory (the mem route is off)", 0, nil)
 		case string(req) == memCtlReq && peer == nil:

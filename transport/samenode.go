@@ -35,6 +35,22 @@ import (
 // connection — not from the handle — the owner's guard table location and
 // shm endpoint name. The connection stays open: when the owner closes its
 // manager or dies, it ends, and the peer is no longer verified.
+//
+// Before its first shm op toward the owner, the peer opens a second
+// connection and writes announceShm on it, and keeps it open as long as
+// the first: shm's completion queue has no wait object that a peer's
+// command wakes, so the owner's shm loop parks while no peer has
+// announced itself, and polls while one has (libfabric 1.x's shm needs
+// the owner's progress for a new peer's first op and, where it cannot
+// copy with CMA, for every op; 2.x's, whose single-copy path fitransfer
+// turns off, for every op). A peer that uses cma announces nothing:
+// cma needs no progress of the owner. A second connection, not a byte on
+// the first, because an owner of an earlier version takes any byte on the
+// first for its end (and answers the second with a proof it is free to
+// ignore). For firstOpGrace after any peer connects the owner's shm loop
+// polls anyway: for a first op that overtakes the announcement, and for
+// peers of earlier versions, which announce nothing (their later ops,
+// where they need the owner, wait for its parked loop's next look).
 
 const (
 	proofMagic   = "FTV1"
@@ -42,7 +58,14 @@ const (
 	proofMaxSize = proofHeader + maxEPNameLen
 	// verifyTimeout bounds the handshake with a peer's manager.
 	verifyTimeout = 2 * time.Second
+	// announceShm is what a peer writes on its second connection to an
+	// owner's verifier: it is about to use shm toward it.
+	announceShm = 'S'
 )
+
+// firstOpGrace is how long an owner's shm loop polls for any peer that
+// connects to its verifier, announced or not (a variable for tests).
+var firstOpGrace = time.Second
 
 // sameNodePeer is an owner process verified by the kernel: the socket's
 // peer credentials name pid and this process's uid.
@@ -60,11 +83,58 @@ type sameNodePeer struct {
 
 	// The mem route to it: link, or why not since linkAt (a failed
 	// link is dialed again after memRedial; a closed one never).
-	memMu   sync.Mutex
-	link    *memLink
-	linkErr error
-	linkAt  time.Time
-	memDone bool
+	memMu    sync.Mutex
+	link     *memLink
+	linkErr  error
+	linkAt   time.Time
+	memDone  bool
+	owner    ID
+	announce sync.Once
+	annMu    sync.Mutex
+	annConn  *net.UnixConn // the connection announcing shm use; nil when none
+	ended    bool          // conn ended: no announcement may outlive it; under annMu
+}
+
+// usesShm tells the owner, once, that this manager is about to use shm
+// toward it, so that the owner's shm loop polls for it (see above). The
+// announcement needs no answer: the owner's kernel queues the connection
+// and the byte, and its verifier wakes on them. A failure is left to the
+// shm ops, which fail or wait for the owner by themselves.
+func (p *sameNodePeer) usesShm() {
+	p.announce.Do(func() {
+		d := net.Dialer{Timeout: verifyTimeout}
+		nc, err := d.Dial("unixpacket", verifySocket(p.owner))
+		if err != nil {
+			return
+		}
+		c := nc.(*net.UnixConn)
+		cred, err := peerCred(c)
+		if err != nil || int(cred.Pid) != p.pid {
+			_ = c.Close() // not the verified process: it learns nothing
+			return
+		}
+		if _, err := c.Write([]byte{announceShm}); err != nil {
+			_ = c.Close()
+			return
+		}
+		p.annMu.Lock()
+		defer p.annMu.Unlock()
+		if p.ended {
+			_ = c.Close()
+			return
+		}
+		p.annConn = c
+	})
+}
+
+// endAnnouncement closes the announcement with the verified connection.
+func (p *sameNodePeer) endAnnouncement() {
+	p.annMu.Lock()
+	defer p.annMu.Unlock()
+	p.ended = true
+	if p.annConn != nil {
+		_ = p.annConn.Close()
+	}
 }
 
 // closeMem ends the mem route to p, for good.
@@ -173,6 +243,13 @@ func (m *Manager) startVerifier() error {
 			go func() {
 				defer v.wg.Done()
 				defer v.untrack(c)
+				// A peer that has just verified this manager may send its
+				// first shm op right away, before its announcement (below)
+				// is read here, and a peer of an earlier version sends
+				// none: the shm loop polls for firstOpGrace from the start.
+				grace := m.attendSameNode()
+				timer := time.AfterFunc(firstOpGrace, grace)
+				defer func() { timer.Stop(); grace() }()
 				if _, err := c.Write(m.proof()); err != nil {
 					return
 				}
@@ -181,6 +258,15 @@ func (m *Manager) startVerifier() error {
 		}
 	}()
 	return nil
+}
+
+// attendSameNode keeps the shm loop polling for a verified peer until
+// the returned release is called.
+func (m *Manager) attendSameNode() (release func()) {
+	if sn := m.backends().sameNode; sn != nil {
+		return sn.Attend()
+	}
+	return func() {}
 }
 
 func (v *verifier) track(c *net.UnixConn) bool {
@@ -436,7 +522,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	if err != nil {
 		return fail("process %d did not answer: %v", cred.Pid, err)
 	}
-	p := &sameNodePeer{conn: c}
+	p := &sameNodePeer{conn: c, owner: owner}
 	pid, err := parseProof(b[:n], p)
 	if err != nil {
 		return fail("process %d: %v", cred.Pid, err)
@@ -452,6 +538,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	go func() {
 		var b [1]byte
 		_, _ = c.Read(b[:]) // returns when the owner's side ends
+		p.endAnnouncement()
 		p.gone.Store(true)
 		p.closeMem()
 		if !p.replaced.Load() {

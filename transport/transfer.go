@@ -285,6 +285,9 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
 			}
 		}
+		if o.kind == route.Fabric && o.peer != nil {
+			o.peer.usesShm() // before the first shm op: it may need the owner's progress
+		}
 		switch {
 		case o.kind == route.Memcpy:
 			if o.local.st.iface != mr.Host {

@@ -64,6 +64,7 @@ type benchOptions struct {
 	fabtests  string
 	timeout   time.Duration
 	repeat    int
+	idle      time.Duration
 }
 
 // benchFlags is bench's flag set and the options it fills.
@@ -80,6 +81,7 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
 	fs.StringVar(&o.fabtests, "fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
+	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options, and per route the first 8 B read after each fifth of it (lines after the table; behind \"# \" with --csv); 0 skips it")
 	fs.IntVar(&o.repeat, "repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	return fs, o
@@ -133,6 +135,19 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		rows = append(rows, aggregate(copies, nil)...)
 	}
 	printBench(stdout, rows, o.asCSV, o.compare, o.repeat)
+	if o.idle > 0 {
+		prefix := ""
+		if o.asCSV {
+			prefix = "# "
+		}
+		err := measureIdle(ctx, provs, o.idle, o.timeout, stderr).print(stdout, prefix)
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		if err != nil {
+			return fail(stderr, "bench", fmt.Errorf("idle figures: %w", err))
+		}
+	}
 	return exitOK
 }
 

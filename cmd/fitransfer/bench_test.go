@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,7 +111,7 @@ func TestBenchComparesWithThePeerTool(t *testing.T) {
 	t.Setenv("FAKE_MBPS", "0.50")
 	t.Setenv(asCLI, "1") // the bench's `serve` children are this test binary
 	out, errOut, code := runCLI("bench", "--providers", "shm", "--ops", "write", "-S", "8", "-I", "200",
-		"--compare", "--repeat", "2", "--csv", "--fabtests", dir, "--timeout", "30s")
+		"--compare", "--repeat", "2", "--csv", "--fabtests", dir, "--timeout", "30s", "--idle", "0")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
 	require.NoError(t, err, out)
@@ -150,7 +151,7 @@ func TestBenchPingPongNextToFiPingpong(t *testing.T) {
 	t.Setenv(asCLI, "1")
 	t.Setenv("FABTESTS_BIN", "")
 	out, errOut, code := runCLI("bench", "--providers", "shm", "--ops", "pingpong", "-S", "8", "-I", "200",
-		"--compare", "--timeout", "30s")
+		"--compare", "--timeout", "30s", "--idle", "0")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
@@ -234,7 +235,7 @@ func TestPeerToolServerThatCannotBind(t *testing.T) {
 // memcpy row per size, the bound mem is held against.
 func TestBenchPrintsMemcpyNextToMem(t *testing.T) {
 	t.Setenv(asCLI, "1")
-	out, errOut, code := runCLI("bench", "--providers", "mem", "--ops", "write", "-S", "8,4096", "-I", "200", "--csv", "--timeout", "30s")
+	out, errOut, code := runCLI("bench", "--providers", "mem", "--ops", "write", "-S", "8,4096", "-I", "200", "--csv", "--timeout", "30s", "--idle", "0")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
 	require.NoError(t, err, out)
@@ -247,4 +248,42 @@ func TestBenchPrintsMemcpyNextToMem(t *testing.T) {
 		got = append(got, r[col["provider"]]+" "+r[col["test"]]+" "+r[col["bytes"]])
 	}
 	assert.Equal(t, []string{"mem write 8", "mem write 4k", "memcpy copy 8", "memcpy copy 4k"}, got, out)
+}
+
+// TestBenchIdleFigures: after the table, bench prints the idle CPU of a
+// default manager and the first read per route after the idle span (as
+// CSV comments with --csv, so that the CSV still parses).
+func TestBenchIdleFigures(t *testing.T) {
+	t.Setenv(asCLI, "1")
+	for _, asCSV := range []bool{false, true} {
+		args := []string{"bench", "--providers", "shm,tcp", "--ops", "read", "-S", "8", "-I", "20", "--idle", "200ms", "--timeout", "30s"}
+		prefix := ""
+		if asCSV {
+			args, prefix = append(args, "--csv"), "# "
+		}
+		out, errOut, code := runCLI(args...)
+		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 5, out) // head, shm, tcp, two figures
+		assert.Regexp(t, "^"+regexp.QuoteMeta(prefix)+`idle: a manager with default options used \d+\.\d\d% of a core over 200ms `, lines[3])
+		us := `\d+\.\d\d usec \(max \d+\.\d\d\)`
+		assert.Regexp(t, "^"+regexp.QuoteMeta(prefix)+`first 8 B read after 40ms idle, median of 5 \(owner a local serve\): shm `+us+`, tcp;ofi_rxm `+us+`$`, lines[4])
+		if asCSV {
+			r := csv.NewReader(strings.NewReader(out))
+			r.Comment = '#'
+			recs, err := r.ReadAll()
+			require.NoError(t, err, out)
+			assert.Len(t, recs, 3, out)
+		}
+	}
+}
+
+func TestParseStatCPU(t *testing.T) {
+	// The command name may hold spaces and parentheses.
+	stat := "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 123 45 0 0 20 0 3 0 100 0 0"
+	d, err := parseStatCPU(stat)
+	require.NoError(t, err)
+	assert.Equal(t, 168*10*time.Millisecond, d)
+	_, err = parseStatCPU("4242 (x) S 1")
+	assert.Error(t, err)
 }

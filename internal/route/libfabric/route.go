@@ -117,6 +117,19 @@ func (r *Route) Wedged() error { return r.loop.Wedged() }
 // Poll progresses the endpoint once, unless another goroutine is.
 func (r *Route) Poll() { r.loop.Poll() }
 
+// ParkWhenUnattended lets the idle progress loop stop polling while no
+// peer attends (progress.Loop.ParkWhenUnattended): for an endpoint that
+// peers reach only after announcing themselves.
+func (r *Route) ParkWhenUnattended() { r.loop.ParkWhenUnattended() }
+
+// Parked reports whether the progress loop waits for work without
+// polling (progress.Loop.Parked).
+func (r *Route) Parked() bool { return r.loop.Parked() }
+
+// Attend keeps the progress loop polling for a peer that may need it,
+// until release is called (progress.Loop.Attend).
+func (r *Route) Attend() (release func()) { return r.loop.Attend() }
+
 // Do runs fn with the endpoint to itself (memory registration and
 // deregistration go there).
 func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
