@@ -564,6 +564,13 @@ func peerToolOnce(ctx context.Context, tool string, args []string) (float64, flo
 	}
 	mbps, err1 := strconv.ParseFloat(f[len(f)-3], 64)
 	usec, err2 := strconv.ParseFloat(f[len(f)-2], 64)
+	if err1 == nil && err2 == nil && mbps == 0 && usec > 0 {
+		// Two decimals print a slow small transfer's rate as 0.00 (an
+		// 8 B pingpong at 800 usec): its size over usec/xfer is the rate.
+		if sz, err := perftest.ParseSizes(f[0]); err == nil && len(sz) == 1 {
+			mbps = float64(sz[0]) / usec
+		}
+	}
 	if err1 != nil || err2 != nil || mbps <= 0 {
 		return 0, 0, fmt.Errorf("%s printed %q", name, line)
 	}

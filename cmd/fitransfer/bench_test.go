@@ -186,7 +186,7 @@ if [[ " $* " == *" -B "* ]]; then
 fi
 [ -e "$d/listening" ] || exit 111
 echo "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec"
-echo "8 200 =200 3.1k 0.00s 6.15 1.30 0.77"
+echo "8 200 =200 3.1k 0.00s $FAKE_MBPS 1.30 0.77"
 touch "$d/client"
 `
 
@@ -196,24 +196,31 @@ touch "$d/client"
 func TestPeerToolServerThatCannotBind(t *testing.T) {
 	for _, tt := range []struct {
 		busy    int
+		printed string // MB/sec
+		mbps    float64
 		servers int
 		err     string
 	}{
-		{busy: 2, servers: 3},
-		{busy: 3, servers: 3, err: "fi_pingpong: its server exited before the client connected: bind(): util/pingpong.c:460 , ret=-98 (Address already in use)"},
+		{busy: 2, printed: "6.15", mbps: 6.15, servers: 3},
+		// Two decimals: 8 B in 1.30 usec is 6.15 MB/sec; a slower run
+		// prints 0.00, and the rate comes from the size and usec/xfer.
+		{busy: 0, printed: "0.00", mbps: 8 / 1.30, servers: 1},
+		{busy: 3, printed: "6.15", servers: 3, err: "fi_pingpong: its server exited before the client connected: bind(): util/pingpong.c:460 , ret=-98 (Address already in use)"},
 	} {
-		t.Run(strconv.Itoa(tt.busy), func(t *testing.T) {
+		t.Run(strconv.Itoa(tt.busy)+"/"+tt.printed, func(t *testing.T) {
 			dir := t.TempDir()
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "fi_pingpong"), []byte(fakePingpong), 0o755))
 			t.Setenv("FAKE_DIR", dir)
 			t.Setenv("FAKE_BUSY", strconv.Itoa(tt.busy))
+			t.Setenv("FAKE_MBPS", tt.printed)
 			mbps, usec, err := runPeerTool(context.Background(), filepath.Join(dir, "fi_pingpong"),
 				[]string{"-p", "shm", "-e", "rdm"}, time.Minute)
 			if tt.err != "" {
 				require.EqualError(t, err, tt.err)
 			} else {
 				require.NoError(t, err)
-				assert.Equal(t, [2]float64{6.15, 1.30}, [2]float64{mbps, usec})
+				assert.InDelta(t, tt.mbps, mbps, 1e-9)
+				assert.Equal(t, 1.30, usec)
 			}
 			n, err := os.ReadFile(filepath.Join(dir, "servers"))
 			require.NoError(t, err)
