@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -80,6 +81,9 @@ func measureIdle(ctx context.Context, provs []string, span, timeout time.Duratio
 			stop()
 		}
 	}()
+	// Several servers run at once, each copying its stderr into this one
+	// writer from a goroutine of its own.
+	stderr = &lockedWriter{w: stderr}
 	for _, prov := range provs {
 		s := &session{provider: prov}
 		sessions = append(sessions, s)
@@ -237,4 +241,16 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
