@@ -96,6 +96,14 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "bench", usageError{fmt.Errorf("-S: %w", err)})
 	}
+	// bench measures on loopback: its server listens on 127.0.0.1, and
+	// serve writes (pingpong) only to its client's address. Left to
+	// itself, libfabric's tcp picks the first interface up (eth0), and
+	// the pingpong over tcp;ofi_rxm was refused. Set before libfabric
+	// starts; the servers inherit it.
+	if _, set := os.LookupEnv("FI_TCP_IFACE"); !set {
+		_ = os.Setenv("FI_TCP_IFACE", "lo")
+	}
 	provs, err := benchProviders(o.providers)
 	if err != nil {
 		return fail(stderr, "bench", err)
