@@ -69,6 +69,8 @@ vet: deps
 test: deps vet
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^(TestSoak|TestChurn)$$' ./test
+	# Allocation counts, which the race detector's own allocations hide.
+	$(GO) test -count=1 -run '^(TestNoAllocsPerOp|TestGoneAllocatesLittle)$$' ./transport ./internal/proc
 
 demo: build
 	BIN=$(BIN) scripts/demo.sh
