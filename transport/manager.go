@@ -505,7 +505,7 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
 				return rt, memErr
 			}
-			_, memErr = peer.memLink(r.owner)
+			_, memErr = peer.memLink()
 		}
 		switch {
 		case err != nil:

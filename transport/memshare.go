@@ -364,7 +364,7 @@ func (mm *memMap) unref() {
 
 // memLink returns the link to p: the one set up, or a new one when there
 // is none and the last attempt is older than memRedial.
-func (p *sameNodePeer) memLink(owner ID) (*memLink, error) {
+func (p *sameNodePeer) memLink() (*memLink, error) {
 	p.memMu.Lock()
 	defer p.memMu.Unlock()
 	switch {
@@ -375,16 +375,16 @@ func (p *sameNodePeer) memLink(owner ID) (*memLink, error) {
 	case p.linkErr != nil && time.Since(p.linkAt) < memRedial:
 		return nil, p.linkErr
 	}
-	p.link, p.linkErr = dialMem(p, owner)
+	p.link, p.linkErr = dialMem(p)
 	p.linkAt = time.Now()
 	return p.link, p.linkErr
 }
 
 // dialMem opens the mem connection to p, checks that the kernel says it
 // is p's process, and asks for the generations page and a use page.
-func dialMem(p *sameNodePeer, owner ID) (*memLink, error) {
+func dialMem(p *sameNodePeer) (*memLink, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
-	nc, err := d.Dial("unixpacket", verifySocket(owner))
+	nc, err := d.Dial("unixpacket", verifySocket(p.owner))
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", errNoAnswer, errors.Unwrap(err))
 	}
@@ -612,7 +612,7 @@ func (l *memLink) close() {
 // buffer and takes the buffer's mapping for it (the owner checked the
 // handle's key, address and size when it shared the file).
 func (m *Manager) prepareMem(o *opSpec) error {
-	l, err := o.peer.memLink(o.remote.owner)
+	l, err := o.peer.memLink()
 	if err != nil {
 		return err
 	}

@@ -131,6 +131,7 @@ func TestTwoManagersOfOneProcess(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem) // the default same-node route it expects
 	m := newManager(t)
 	bs := m.Backends()
 	require.NotEmpty(t, bs)

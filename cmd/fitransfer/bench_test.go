@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/perftest"
 )
 
@@ -241,6 +242,7 @@ func TestPeerToolServerThatCannotBind(t *testing.T) {
 // TestBenchPrintsMemcpyNextToMem: a sweep with the mem route ends with a
 // memcpy row per size, the bound mem is held against.
 func TestBenchPrintsMemcpyNextToMem(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
 	t.Setenv(asCLI, "1")
 	out, errOut, code := runCLI("bench", "--providers", "mem", "--ops", "write", "-S", "8,4096", "-I", "200", "--csv", "--timeout", "30s", "--idle", "0")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
