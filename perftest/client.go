@@ -252,9 +252,13 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 	lat := make([]time.Duration, 0, iters)
 	var elapsed time.Duration
 	done := 0
+	railsBefore := cfg.Manager.Rails()
 	finish := func(err error) (Row, error) {
 		r := newRow(cfg.Mode, s.Provider, size, done, win, elapsed, lat)
 		r.Peer = s.Route.Peer
+		if cfg.Verify {
+			r.Rails = railDelta(railsBefore, cfg.Manager.Rails())
+		}
 		r.Complete = err == nil
 		if err == nil && cfg.Verify {
 			r.Verified, err = s.verify(size, seed)

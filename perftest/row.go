@@ -5,7 +5,10 @@ import (
 	"io"
 	"math"
 	"sort"
+	"strings"
 	"time"
+
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 // Row is one line of results: one op and size, as fabtests' show_perf
@@ -26,6 +29,50 @@ type Row struct {
 	P99Usec     float64 `json:"p99_usec"`
 	Verified    bool    `json:"verified"`
 	Complete    bool    `json:"complete"` // false when interrupted
+	// Rails: the bytes each rail moved in the timed part, with -v on a
+	// manager with more than one rail.
+	Rails []RailBytes `json:"rails,omitempty"`
+}
+
+// RailBytes is what one rail moved during a row.
+type RailBytes struct {
+	Rail     int    `json:"rail"`
+	Domain   string `json:"domain"`
+	Bytes    uint64 `json:"bytes"`
+	Up       bool   `json:"up"`       // in use at the end
+	Failures uint64 `json:"failures"` // times taken out of use during the row
+}
+
+// railDelta is what each rail moved between two Rails reports.
+func railDelta(before, after []transport.Rail) []RailBytes {
+	if len(after) < 2 || len(before) != len(after) {
+		return nil
+	}
+	out := make([]RailBytes, len(after))
+	for i, r := range after {
+		out[i] = RailBytes{Rail: r.Rail, Domain: r.Domain, Bytes: r.Bytes - before[i].Bytes, Up: r.Up,
+			Failures: r.Failures - before[i].Failures}
+	}
+	return out
+}
+
+// RailLine prints the rails of a row on one line ("" without rails).
+func (r Row) RailLine() string {
+	if len(r.Rails) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, rb := range r.Rails {
+		p := fmt.Sprintf("%s %s", rb.Domain, SizeString(rb.Bytes))
+		if rb.Failures > 0 {
+			p += fmt.Sprintf(" (failed %d×)", rb.Failures)
+		}
+		if !rb.Up {
+			p += " (down)"
+		}
+		parts = append(parts, p)
+	}
+	return "  rails: " + strings.Join(parts, ", ")
 }
 
 // newRow computes the figures of n ops of size bytes that took elapsed,

@@ -151,6 +151,9 @@ type Loop struct {
 	drivers atomic.Int32  // goroutines driving progress in Wait
 	polled  atomic.Int64  // when Poll was last called (monoNow)
 	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
+	// posted and completed count ops (Activity): a caller watching for a
+	// link that stopped moving reads them from another goroutine.
+	posted, completed atomic.Uint64
 	// pollers and roundDone: a passive loop's Poll waits for the loop's
 	// next round instead of spinning beside it (see Poll).
 	pollers   atomic.Int32
@@ -478,6 +481,11 @@ func (l *Loop) Wedged() error {
 	return nil
 }
 
+// Activity counts the ops posted and completed so far: while more were
+// posted than completed, a completion count that does not move says the
+// link does not.
+func (l *Loop) Activity() (posted, completed uint64) { return l.posted.Load(), l.completed.Load() }
+
 // Rounds is how many rounds of progress (post, reap) the endpoint has
 // had, to within 16: a clock that runs only as fast as the loop gets the
 // CPU, for grace periods that must not run out on a loaded machine.
@@ -799,6 +807,7 @@ func (l *Loop) post() bool {
 		return false
 	}
 	posted, err := l.port.post(len(l.batch))
+	l.posted.Add(uint64(posted))
 	// A provider that answers FI_EAGAIN takes no more for now (shm takes
 	// one delivery-complete write per peer at a time): the next round
 	// tries one op more than went through, instead of preparing and
@@ -906,6 +915,7 @@ func (l *Loop) complete(slot uint32, cqe *fabric.CQError) {
 	l.slots[slot] = slotRec{}
 	l.free = append(l.free, slot)
 	l.inflight--
+	l.completed.Add(1)
 	j := rec.job
 	if j.gen.Load() != rec.gen {
 		// The job settled and was reused while this op was out: nothing

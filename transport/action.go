@@ -93,7 +93,7 @@ func (a *Action) Submit(ctx context.Context) error {
 		}
 	}
 	a.run = append(a.run[:0], a.ops...)
-	err := a.m.execute(ctx, "action", a.run)
+	err := a.m.run(ctx, "action", a.run)
 	clear(a.run)
 	return err
 }

@@ -135,7 +135,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 			st.deregister()
 			return nil, b, err
 		}
-		st.eps = append(st.eps, remoteEP{provider: b.Name(), name: b.EndpointName(), key: st.mrs[b.Index].Key(),
+		st.eps = append(st.eps, remoteEP{provider: b.Name(), rail: uint8(b.Rail), name: b.EndpointName(), key: st.mrs[b.Index].Key(),
 			base: mr.RemoteAddr(b.VirtAddr, base, 0)})
 	}
 	if g := m.guard; g != nil {

@@ -15,17 +15,19 @@ import (
 	"github.com/fitransfer/fitransfer/mr"
 )
 
-// The binary handle format, version 1 (docs/handle.md). Integers are
-// little-endian; the CRC-32C of everything before it ends the handle.
+// The binary handle format, version 2 (docs/handle.md): version 1 and a
+// rail number per endpoint. Integers are little-endian; the CRC-32C of
+// everything before it ends the handle.
 const (
 	handleMagic      = "FTRB"
-	handleVersion    = 1
-	maxHandleEPs     = 8
+	handleVersion    = 2
+	maxRails         = 32 // p5 has 32 NICs
+	maxHandleEPs     = 8 + maxRails
 	maxProviderLen   = 64
 	maxEPNameLen     = libfabric.MaxNameLen
 	handleHeaderSize = 4 + 1 + 1 + 1 + 1 + 16 + 16 + 8 + 8 + 8 + 8
 	// MaxHandleSize bounds an encoded handle.
-	MaxHandleSize = handleHeaderSize + maxHandleEPs*(1+maxProviderLen+2+maxEPNameLen+8+8+1+8+8+4+8) + 4
+	MaxHandleSize = handleHeaderSize + maxHandleEPs*(1+maxProviderLen+1+2+maxEPNameLen+8+8+1+8+8+4+8) + 4
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -37,7 +39,7 @@ func badHandle(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadHandle, fmt.Sprintf(format, args...))
 }
 
-// MarshalBinary encodes the handle (format version 1, docs/handle.md).
+// MarshalBinary encodes the handle (format version 2, docs/handle.md).
 func (r RemoteBuffer) MarshalBinary() ([]byte, error) {
 	if err := r.check(); err != nil {
 		return nil, err
@@ -54,6 +56,7 @@ func (r RemoteBuffer) MarshalBinary() ([]byte, error) {
 	for _, ep := range r.eps {
 		b = append(b, byte(len(ep.provider)))
 		b = append(b, ep.provider...)
+		b = append(b, ep.rail)
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(ep.name)))
 		b = append(b, ep.name...)
 		b = binary.LittleEndian.AppendUint64(b, ep.key)
@@ -71,8 +74,9 @@ func (r RemoteBuffer) MarshalBinary() ([]byte, error) {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable)), nil
 }
 
-// UnmarshalBinary decodes a handle. Any malformed, truncated or corrupted
-// input, or an unknown version, is an error wrapping ErrBadHandle.
+// UnmarshalBinary decodes a handle, of format version 2 or 1 (no rails).
+// Any malformed, truncated or corrupted input, or an unknown version, is
+// an error wrapping ErrBadHandle.
 func (r *RemoteBuffer) UnmarshalBinary(data []byte) error {
 	if len(data) > MaxHandleSize {
 		return badHandle("%d bytes, more than the %d a handle can have", len(data), MaxHandleSize)
@@ -83,8 +87,9 @@ func (r *RemoteBuffer) UnmarshalBinary(data []byte) error {
 	if string(data[:4]) != handleMagic {
 		return badHandle("does not start with %q", handleMagic)
 	}
-	if v := data[4]; v != handleVersion {
-		return badHandle("format version %d; this fitransfer reads version %d (upgrade the older side)", v, handleVersion)
+	v := data[4]
+	if v != handleVersion && v != 1 {
+		return badHandle("format version %d; this fitransfer reads versions 1 and %d (upgrade the older side)", v, handleVersion)
 	}
 	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
 	if crc32.Checksum(body, crcTable) != sum {
@@ -106,6 +111,9 @@ func (r *RemoteBuffer) UnmarshalBinary(data []byte) error {
 	for i := 0; i < n && d.err == nil; i++ {
 		var ep remoteEP
 		ep.provider = string(d.bytes(int(d.u8())))
+		if v >= 2 {
+			ep.rail = d.u8()
+		}
 		ep.name = append([]byte(nil), d.bytes(int(d.u16()))...)
 		ep.key, ep.base = d.u64(), d.u64()
 		switch d.u8() {
@@ -142,19 +150,25 @@ func (r RemoteBuffer) check() error {
 	case r.off > r.size || r.n > r.size-r.off:
 		return badHandle("range [%d, %d) outside the %d-byte buffer", r.off, r.off+r.n, r.size)
 	}
-	seen := map[string]bool{}
+	type place struct {
+		provider string
+		rail     uint8
+	}
+	seen := map[place]bool{}
 	for i, ep := range r.eps {
 		switch {
 		case ep.provider == "" || len(ep.provider) > maxProviderLen:
 			return badHandle("endpoint %d: provider name of %d bytes", i, len(ep.provider))
-		case seen[ep.provider]:
-			return badHandle("provider %q listed twice", ep.provider)
+		case ep.rail >= maxRails:
+			return badHandle("endpoint %d: rail %d, at most %d rails", i, ep.rail, maxRails)
+		case seen[place{ep.provider, ep.rail}]:
+			return badHandle("provider %q rail %d listed twice", ep.provider, ep.rail)
 		case len(ep.name) == 0 || len(ep.name) > maxEPNameLen:
 			return badHandle("endpoint %d: address of %d bytes", i, len(ep.name))
 		case ep.base+r.size < ep.base:
 			return badHandle("endpoint %d: address range overflows", i)
 		}
-		seen[ep.provider] = true
+		seen[place{ep.provider, ep.rail}] = true
 	}
 	return nil
 }
@@ -206,11 +220,12 @@ func (d *decoder) u64() uint64 {
 	return binary.LittleEndian.Uint64(b)
 }
 
-// jsonVersion is the JSON form's version: 2 writes 64-bit fields as
-// decimal strings. Version 1 wrote them as JSON numbers, which a generic
-// decoder (into float64) silently rounds above 2^53 — a key or address
-// then names other memory. Version 1 handles still decode.
-const jsonVersion = 2
+// jsonVersion is the JSON form's version: 3 adds each endpoint's rail;
+// 2 wrote 64-bit fields as decimal strings. Version 1 wrote them as JSON
+// numbers, which a generic decoder (into float64) silently rounds above
+// 2^53 — a key or address then names other memory. Versions 1 and 2
+// still decode (every endpoint on rail 0).
+const jsonVersion = 3
 
 // handleJSON is the JSON form: the same fields, by name.
 type handleJSON struct {
@@ -227,6 +242,7 @@ type handleJSON struct {
 
 type epJSON struct {
 	Provider string     `json:"provider"`
+	Rail     uint8      `json:"rail,omitempty"`
 	Name     string     `json:"name"` // base64
 	Key      u64        `json:"key"`
 	Addr     u64        `json:"addr"`
@@ -280,7 +296,7 @@ func (r RemoteBuffer) MarshalJSON() ([]byte, error) {
 		h.Access = append(h.Access, "remote_write")
 	}
 	for _, ep := range r.eps {
-		e := epJSON{Provider: ep.provider, Name: base64.StdEncoding.EncodeToString(ep.name), Key: u64(ep.key), Addr: u64(ep.base)}
+		e := epJSON{Provider: ep.provider, Rail: ep.rail, Name: base64.StdEncoding.EncodeToString(ep.name), Key: u64(ep.key), Addr: u64(ep.base)}
 		if g := ep.guard; g != nil {
 			e.Guard = &guardJSON{Table: u64(g.table), Key: u64(g.key), Slot: g.slot, Gen: u64(g.gen)}
 		}
@@ -295,8 +311,8 @@ func (r *RemoteBuffer) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &h); err != nil {
 		return badHandle("JSON: %v", err)
 	}
-	if h.Version != jsonVersion && h.Version != 1 {
-		return badHandle("JSON format version %d; this fitransfer reads versions 1 and %d (upgrade the older side)", h.Version, jsonVersion)
+	if h.Version < 1 || h.Version > jsonVersion {
+		return badHandle("JSON format version %d; this fitransfer reads versions 1 to %d (upgrade the older side)", h.Version, jsonVersion)
 	}
 	var out RemoteBuffer
 	if err := parseID(h.Node, &out.node); err != nil {
@@ -324,7 +340,10 @@ func (r *RemoteBuffer) UnmarshalJSON(data []byte) error {
 		if err != nil {
 			return badHandle("endpoint %d: name: %v", i, err)
 		}
-		ep := remoteEP{provider: e.Provider, name: name, key: uint64(e.Key), base: uint64(e.Addr)}
+		if h.Version < 3 && e.Rail != 0 {
+			return badHandle("endpoint %d: a rail in a version %d handle", i, h.Version)
+		}
+		ep := remoteEP{provider: e.Provider, rail: e.Rail, name: name, key: uint64(e.Key), base: uint64(e.Addr)}
 		if g := e.Guard; g != nil {
 			ep.guard = &guardRef{table: uint64(g.Table), key: uint64(g.Key), slot: g.Slot, gen: uint64(g.Gen)}
 		}

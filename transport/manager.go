@@ -39,6 +39,9 @@ type Manager struct {
 	memOn    bool      // the mem route: buffers shared with, and mapped from, verified peers
 	memPeers memPeers  // the peers that map this manager's buffers
 
+	railsOnce sync.Once
+	railState []railHealth // per rail (health)
+
 	// guardDirect: shm handle checks read the owner's guard entry with
 	// process_vm_readv themselves where shm would (shmCheckDirect).
 	guardDirect bool
@@ -63,7 +66,10 @@ type Manager struct {
 type backendSet struct {
 	all      []*libfabric.Route // by index
 	sameNode *libfabric.Route   // shm; nil when none
-	remote   *libfabric.Route   // nil when none
+	remote   *libfabric.Route   // nil when none; rails[0]
+	// rails are the endpoints of the remote provider, one per domain
+	// (NIC), by Rail; a failed rail's place is taken by a new endpoint.
+	rails []*libfabric.Route
 }
 
 // backends is the current set.
@@ -135,6 +141,25 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			}
 		}
 	}
+	for i, p := range picks {
+		if p.info.Fabric.ProvName == string(fabric.BackendSHM) {
+			continue
+		}
+		rails, err := m.railInfos(infos, p.info)
+		if err != nil {
+			return nil, err
+		}
+		var more []pick
+		for j, in := range rails {
+			role := p.role
+			if len(rails) > 1 {
+				role = fmt.Sprintf("%s, rail %d of %d", p.role, j, len(rails))
+			}
+			more = append(more, pick{in, p.reason, role})
+		}
+		picks = append(picks[:i], append(more, picks[i+1:]...)...)
+		break // the first remote provider is the one that stripes
+	}
 	bs := &backendSet{}
 	m.set.Store(bs)
 	for _, p := range picks {
@@ -160,6 +185,10 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			bs.sameNode = b
 		case b.Provider != fabric.BackendSHM && bs.remote == nil:
 			bs.remote = b
+			bs.rails = append(bs.rails, b)
+		case bs.remote != nil && b.Provider == bs.remote.Provider && len(bs.rails) < len(bs.all):
+			b.Rail = len(bs.rails)
+			bs.rails = append(bs.rails, b)
 		}
 	}
 	if useCMA {
@@ -221,7 +250,8 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 			return fabric.GetInfo(fabric.Query{Hints: fabric.WithoutShmFastRMA(hints(string(fabric.BackendSHM)))})
 		})
 	}
-	if m.cfg.source == "" {
+	if m.cfg.source == "" || m.railsNamed() {
+		// Named rails bind to their domains' own addresses.
 		if err != nil {
 			return nil, err
 		}
@@ -365,7 +395,7 @@ type Route struct {
 // Route says which backend a transfer with r would use, and why; an error
 // wrapping ErrNoRoute when none can.
 func (m *Manager) Route(r RemoteBuffer) (Route, error) {
-	rt, err := m.route(&r)
+	rt, err := m.route(&r, 0)
 	if err != nil {
 		return Route{Locality: rt.loc}, err
 	}
@@ -430,8 +460,9 @@ type routed struct {
 // route picks the backend for a handle: a copy when the owner is a
 // manager of this process; cma, else shm, when the owner is on this node,
 // the kernel verified it (sameNodePeer) and both have the route; else the
-// remote backend if the owner has it, else any backend both have.
-func (m *Manager) route(r *RemoteBuffer) (routed, error) {
+// remote backend if the owner has it — on rail pin-1, or (pin 0) the rail
+// pickRail chooses — else any backend both have.
+func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 	if r.IsZero() {
 		return routed{loc: fabric.Remote}, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
 	}
@@ -521,8 +552,8 @@ func (m *Manager) route(r *RemoteBuffer) (routed, error) {
 		}
 	}
 	if bs.remote != nil {
-		if ep := r.endpoint(bs.remote.Name()); ep != nil {
-			rt.kind, rt.b, rt.ep = route.Fabric, bs.remote, ep
+		if b, ep := m.onRail(bs, r, pin); ep != nil {
+			rt.kind, rt.b, rt.ep = route.Fabric, b, ep
 			return rt, nil
 		}
 	}
@@ -685,7 +716,7 @@ func (m *Manager) replaceSameNode(old *libfabric.Route) error {
 		return nil
 	}
 	old.Retired.Store(true)
-	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote}
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote, rails: cur.rails}
 	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
 	if err == nil {
 		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {

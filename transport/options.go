@@ -28,6 +28,8 @@ type config struct {
 	log              zerolog.Logger
 	source           string
 	hmem             bool
+	rails            []string // domains of the remote provider; nil: the default (see WithRails)
+	railsSet         bool
 }
 
 func defaultConfig() config {
@@ -80,3 +82,20 @@ func WithSourceAddress(host string) Option { return func(c *config) { c.source =
 // providers are used, and RegisterDevice is allowed. New fails, naming
 // what was found, when no provider here has it.
 func WithDeviceMemory() Option { return func(c *config) { c.hmem = true } }
+
+// RailsEnv names the environment variable that picks the rails when
+// WithRails is not given: a comma-separated list of domain names of the
+// remote provider (`rdmap16s27-rdm,rdmap32s27-rdm`, or interface names
+// for tcp), or "all".
+const RailsEnv = "FITRANSFER_RAILS"
+
+// WithRails sets the rails: the domains (NICs) of the remote provider the
+// manager opens, each with its own endpoint, across which large transfers
+// are striped. "all" opens every domain. Without it (and without
+// FITRANSFER_RAILS), efa opens every domain it lists and tcp;ofi_rxm one:
+// tcp's domains are the host's interfaces, loopback and management
+// networks among them, not NICs toward one peer. New fails, naming what
+// it found, when a named domain is not there.
+func WithRails(domains ...string) Option {
+	return func(c *config) { c.rails, c.railsSet = domains, true }
+}

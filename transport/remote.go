@@ -27,6 +27,7 @@ type RemoteBuffer struct {
 
 type remoteEP struct {
 	provider string
+	rail     uint8  // which of the owner's rails (domains) of provider
 	name     []byte // owner endpoint name (fi_getname)
 	key      uint64
 	base     uint64    // remote address of byte 0 of the registration
@@ -74,6 +75,27 @@ func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
 	s.off += off
 	s.n = n
 	return s, nil
+}
+
+// railEP is the owner's endpoint on provider's rail, or nil.
+func (r RemoteBuffer) railEP(provider string, rail uint8) *remoteEP {
+	for i := range r.eps {
+		if r.eps[i].provider == provider && r.eps[i].rail == rail {
+			return &r.eps[i]
+		}
+	}
+	return nil
+}
+
+// rails counts the owner's rails of provider.
+func (r RemoteBuffer) rails(provider string) int {
+	n := 0
+	for i := range r.eps {
+		if r.eps[i].provider == provider {
+			n++
+		}
+	}
+	return n
 }
 
 func (r RemoteBuffer) endpoint(provider string) *remoteEP {

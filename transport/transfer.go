@@ -33,7 +33,7 @@ func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) e
 		return fmt.Errorf("%w: reading %d bytes into a %d-byte buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
 	ops := [1]opSpec{{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src}}
-	return m.execute(ctx, "read", ops[:])
+	return m.run(ctx, "read", ops[:])
 }
 
 // WriteFrom writes src into the remote buffer dst (its first src.Len()
@@ -48,7 +48,7 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 		return fmt.Errorf("%w: writing %d bytes into a %d-byte remote buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
 	ops := [1]opSpec{{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst}}
-	return m.execute(ctx, "write", ops[:])
+	return m.run(ctx, "write", ops[:])
 }
 
 // view is a range of a registration.
@@ -79,6 +79,15 @@ type opSpec struct {
 	memErr    error
 	submitted bool
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
+	pin       int    // 1 + the rail a piece must take (run); 0: any
+	fail      error  // its first error, once executed
+}
+
+// failed records o's first error.
+func (o *opSpec) failed(err error) {
+	if o.fail == nil {
+		o.fail = err
+	}
 }
 
 func need(op progress.Op) mr.Access {
@@ -123,11 +132,13 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			continue
 		}
 		if err := o.b.Wedged(); err != nil {
+			o.failed(err)
 			errs = append(errs, err)
 			failed++
 			continue
 		}
 		if err := o.b.BlockedOrGone(o.op, o.ep.name); err != nil {
+			o.failed(err)
 			errs = append(errs, err)
 			failed++
 			continue
@@ -135,12 +146,14 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		x := o.b.NewXfer(o.local.st)
 		o.x, o.local.st = x, nil // the Xfer releases the local ref now
 		if err := m.fill(x, o, start, deadline); err != nil {
+			o.failed(err)
 			errs = append(errs, err)
 			failed++
 			continue
 		}
 		chunks += int((o.remote.n + o.b.Chunk - 1) / o.b.Chunk) // every part's
 		if err := x.Submit(); err != nil {
+			o.failed(ErrClosed)
 			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.Provider, ErrClosed))
 			failed++
 			continue
@@ -155,6 +168,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		if o.kind == route.Memcpy {
 			if err := memcpy.Copy(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
 				o.target.mem[o.remote.off:o.remote.off+o.remote.n]); err != nil {
+				o.failed(err)
 				errs = append(errs, err)
 				failed++
 			}
@@ -189,6 +203,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					} else {
 						failed++
 					}
+					o.failed(err)
 					errs = append(errs, err)
 					o.x, o.submitted = nil, false
 					break
@@ -197,6 +212,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			attempted += j.Attempted
 			first := len(errs)
 			for _, e := range j.Errs {
+				o.failed(e)
 				errs = append(errs, e)
 				var te *progress.TimeoutError
 				if !errors.As(e, &te) {
@@ -211,6 +227,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 				}
 			}
 			if err := m.nextPart(o, lim); err != nil {
+				o.failed(err)
 				errs = append(errs, err)
 				var te *progress.TimeoutError
 				if !errors.As(err, &te) {
@@ -255,7 +272,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 			o.local.st = nil
 			return fmt.Errorf("%s: local %w", o.op, err)
 		}
-		rt, err := m.route(&o.remote)
+		rt, err := m.route(&o.remote, o.pin)
 		if rt.gone != nil {
 			rt.gone.Op = o.op
 		}

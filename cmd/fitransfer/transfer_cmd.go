@@ -169,6 +169,9 @@ func printRows(w io.Writer, rows []perftest.Row, asJSON bool) {
 	perftest.WriteHeader(w)
 	for _, r := range rows {
 		fmt.Fprintln(w, r)
+		if l := r.RailLine(); l != "" {
+			fmt.Fprintln(w, l)
+		}
 	}
 }
 

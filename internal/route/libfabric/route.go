@@ -50,6 +50,9 @@ type Route struct {
 	// Retired: its endpoint is stuck inside libfabric and another took
 	// its place; nothing uses it any more.
 	Retired atomic.Bool
+	// Rail is its place among the manager's rails (the domains of the
+	// remote provider it stripes over); 0 on other routes.
+	Rail int
 
 	loop *progress.Loop
 	name []byte // endpoint name, immutable
@@ -113,6 +116,9 @@ func (r *Route) Addr(name []byte) string {
 // Wedged is a *progress.WedgedError while a libfabric call on the
 // endpoint has not returned for the policy's WedgeAfter.
 func (r *Route) Wedged() error { return r.loop.Wedged() }
+
+// Activity counts the ops posted and completed on the endpoint so far.
+func (r *Route) Activity() (posted, completed uint64) { return r.loop.Activity() }
 
 // Poll progresses the endpoint once, unless another goroutine is.
 func (r *Route) Poll() { r.loop.Poll() }

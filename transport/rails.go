@@ -1,0 +1,610 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// Striping (docs/ARCHITECTURE.md, "Rails"): a transfer of at least
+// stripeMin bytes toward an owner reached over the remote provider is cut
+// into one piece per rail in use, sized by the rails' link speeds and the
+// bytes already queued on each; a smaller one goes whole to one rail. A
+// request runs in rounds: the pieces of a rail that failed or stalled go
+// again over the rails still up, until every piece is delivered, the
+// request's deadline passes, or no rail is left (ErrNoRail).
+const (
+	stripeMin   = 1 << 20
+	stripeAlign = 64 << 10 // pieces start on multiples of it
+	// A rail with ops out that completes none for railStallFloor plus
+	// railStallFactor times one op's time at the rate it showed
+	// (defaultRailRate until it showed one) is taken as failed, not slow.
+	railStallFloor  = time.Second
+	railWatchEvery  = 50 * time.Millisecond
+	railStallFactor = 4
+	defaultRailRate = 10e6 // bytes per second
+	// A rail that failed is probed, with a small piece of a transfer, at
+	// most every railProbeEvery.
+	railProbeEvery = time.Second
+	probeSize      = stripeAlign
+)
+
+// ErrNoRail: every rail of the remote provider failed during the
+// transfer; it wraps the last errors seen.
+var ErrNoRail = errors.New("no rail left")
+
+// Rail is one of a manager's rails, as Rails reports it.
+type Rail struct {
+	Rail     int
+	Provider string
+	Domain   string
+	Address  string
+	Speed    uint64 // link speed fi_info reports, bits per second; 0 when unknown
+	Up       bool
+	Bytes    uint64 // bytes this manager's transfers moved over it
+	Failures uint64 // times it was taken out of use
+}
+
+// railHealth is what the manager knows of one rail.
+type railHealth struct {
+	down      atomic.Bool
+	probedAt  atomic.Int64 // UnixNano of the last probe (or failure)
+	bytes     atomic.Uint64
+	queued    atomic.Int64  // bytes of pieces in flight on it
+	rate      atomic.Uint64 // math.Float64bits of bytes per second seen; 0: none yet
+	failures  atomic.Uint64
+	lastError atomic.Pointer[string]
+}
+
+func (h *railHealth) bytesPerSecond() float64 {
+	if r := math.Float64frombits(h.rate.Load()); r > 0 {
+		return r
+	}
+	return defaultRailRate
+}
+
+// railNames are the rails WithRails or FITRANSFER_RAILS name, and which.
+func (m *Manager) railNames() ([]string, string) {
+	if m.cfg.railsSet {
+		return m.cfg.rails, "WithRails"
+	}
+	if v := strings.TrimSpace(os.Getenv(RailsEnv)); v != "" {
+		return strings.Split(v, ","), RailsEnv
+	}
+	return nil, ""
+}
+
+// railsNamed reports whether rails were named.
+func (m *Manager) railsNamed() bool {
+	names, _ := m.railNames()
+	return len(names) > 0
+}
+
+// railInfos are the infos of the rails of first's provider: the domains
+// WithRails or FITRANSFER_RAILS name, else every domain for efa, else
+// first's alone.
+func (m *Manager) railInfos(infos []fabric.Info, first *fabric.Info) ([]*fabric.Info, error) {
+	names, from := m.railNames()
+	provider := libfabric.Name(first)
+	var domains []*fabric.Info // one per domain: the first RDM info with RMA, of first's address format
+	for i := range infos {
+		in := &infos[i]
+		if libfabric.Name(in) != provider || in.EP.Type != fabric.EPRDM || !in.Caps.Has(fabric.RMACaps) || in.AddrFormat != first.AddrFormat {
+			continue
+		}
+		dup := false
+		for _, d := range domains {
+			dup = dup || d.Domain.Name == in.Domain.Name
+		}
+		if !dup {
+			domains = append(domains, in)
+		}
+	}
+	all := func() []*fabric.Info {
+		if len(domains) > maxRails {
+			return domains[:maxRails]
+		}
+		return domains
+	}
+	switch {
+	case len(names) == 0 && (provider == string(fabric.BackendEFA) || provider == string(fabric.BackendEFADirect)):
+		return all(), nil
+	case len(names) == 0:
+		return []*fabric.Info{first}, nil
+	case len(names) == 1 && strings.TrimSpace(names[0]) == "all":
+		return all(), nil
+	case len(names) > maxRails:
+		return nil, fmt.Errorf("%s names %d rails; at most %d", from, len(names), maxRails)
+	}
+	var out []*fabric.Info
+	var have []string
+	for _, d := range domains {
+		have = append(have, d.Domain.Name)
+	}
+	for _, name := range names {
+		name = strings.TrimSpace(name)
+		var found *fabric.Info
+		for _, d := range domains {
+			if d.Domain.Name == name {
+				found = d
+			}
+		}
+		switch {
+		case found == nil:
+			return nil, fmt.Errorf("%s: %s has no domain %q here (its domains: %s); see `fitransfer info -p %s`",
+				from, provider, name, strings.Join(have, ", "), provider)
+		case contains(out2names(out), name):
+			return nil, fmt.Errorf("%s names domain %q twice", from, name)
+		}
+		out = append(out, found)
+	}
+	return out, nil
+}
+
+func out2names(l []*fabric.Info) []string {
+	var out []string
+	for _, in := range l {
+		out = append(out, in.Domain.Name)
+	}
+	return out
+}
+
+// Rails reports the manager's rails: the endpoints of its remote provider,
+// one per domain (NIC). Empty when it has no remote provider.
+func (m *Manager) Rails() []Rail {
+	bs := m.backends()
+	out := make([]Rail, 0, len(bs.rails))
+	for i, b := range bs.rails {
+		h := m.health(i)
+		r := Rail{Rail: i, Provider: b.Name(), Domain: b.Info.Domain.Name, Address: b.Address(),
+			Up: !h.down.Load(), Bytes: h.bytes.Load(), Failures: h.failures.Load()}
+		if n := b.Info.NIC; n != nil && n.Link != nil {
+			r.Speed = n.Link.Speed
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// health is rail i's record; rails keep their number when one takes a
+// failed one's place, so the records are made once.
+func (m *Manager) health(i int) *railHealth {
+	m.railsOnce.Do(func() {
+		m.railState = make([]railHealth, len(m.backends().rails))
+	})
+	return &m.railState[i]
+}
+
+// onRail is the rail route and the owner's endpoint an op toward r takes:
+// rail pin-1, or (pin 0) the one pickRail chooses; the owner's endpoint of
+// the same number when it has one, else of that number modulo its rails.
+func (m *Manager) onRail(bs *backendSet, r *RemoteBuffer, pin int) (*libfabric.Route, *remoteEP) {
+	name := bs.remote.Name()
+	if len(bs.rails) < 2 {
+		return bs.remote, r.endpoint(name)
+	}
+	n := r.rails(name)
+	if n == 0 {
+		return nil, nil
+	}
+	i := pin - 1
+	if pin == 0 {
+		i = m.pickRail(r)
+	}
+	b := bs.rails[i]
+	if ep := r.railEP(name, uint8(i)); ep != nil {
+		return b, ep
+	}
+	if ep := r.railEP(name, uint8(i%n)); ep != nil {
+		return b, ep
+	}
+	return b, r.endpoint(name)
+}
+
+// pickRail chooses the rail of an op that is not striped: among the rails
+// up, one by the owner, so that different owners spread over the rails
+// and one owner's ops stay in order on one.
+func (m *Manager) pickRail(r *RemoteBuffer) int {
+	n := len(m.backends().rails)
+	up := 0
+	for i := 0; i < n; i++ {
+		if !m.health(i).down.Load() {
+			up++
+		}
+	}
+	h := binary.LittleEndian.Uint64(r.owner[:8])
+	if up == 0 {
+		return int(h % uint64(n))
+	}
+	k := int(h % uint64(up))
+	for i := 0; i < n; i++ {
+		if !m.health(i).down.Load() {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return 0
+}
+
+// piece is a part of an op pinned to one rail.
+type piece struct {
+	spec  int // index of its op in the request
+	off   uint64
+	n     uint64
+	rail  int
+	probe bool
+}
+
+// onRemoteRails reports whether any op of the request goes over the
+// remote provider with more than one rail: the request is then run in
+// pieces by run.
+func (m *Manager) onRemoteRails(ops []opSpec) bool {
+	bs := m.backends()
+	if len(bs.rails) < 2 {
+		return false
+	}
+	for i := range ops {
+		rt, err := m.route(&ops[i].remote, 1)
+		if err == nil && rt.kind == route.Fabric && rt.b.Provider == bs.remote.Provider {
+			return true
+		}
+	}
+	return false
+}
+
+// run executes a request: at once when it does not use rails, else in
+// pieces over the rails, in rounds until every piece is delivered.
+func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
+	if !m.onRemoteRails(ops) {
+		return m.execute(ctx, kind, ops)
+	}
+	if err := ctx.Err(); err != nil {
+		return notStarted(kind, ops, err)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(m.cfg.timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	bs := m.backends()
+	var pieces []piece
+	for i := range ops {
+		rt, err := m.route(&ops[i].remote, 1)
+		if err != nil || rt.kind != route.Fabric || rt.b.Provider != bs.remote.Provider {
+			pieces = append(pieces, piece{spec: i, n: ops[i].remote.n, rail: -1})
+			continue
+		}
+		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n, true)
+	}
+	var last error
+	for round := 0; ; round++ {
+		redo, err := m.runRound(ctx, kind, ops, pieces)
+		if err == nil {
+			return nil
+		}
+		last = err
+		if redo == nil || ctx.Err() != nil {
+			return err
+		}
+		up := m.railsUp()
+		if up == 0 {
+			return fmt.Errorf("%w: every one of the %d %s rails failed (%s): %w", ErrNoRail, len(bs.rails), bs.remote.Provider, m.railErrors(), last)
+		}
+		if round > 2*len(bs.rails)+2 {
+			return err
+		}
+		pieces = pieces[:0]
+		for _, p := range redo {
+			pieces = m.split(pieces, p.spec, &ops[p.spec], p.off, p.n, false)
+		}
+	}
+}
+
+// runRound runs the pieces once. It returns nil when all were delivered;
+// else the request's error and, when every failed piece failed because of
+// its rail (which is then taken out of use), the pieces to run again.
+// While it runs, watchRails takes a rail that stopped completing ops out
+// of use, which ends that rail's pieces.
+func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, pieces []piece) ([]piece, error) {
+	specs := make([]opSpec, len(pieces))
+	perRail := map[int]uint64{}
+	for i, p := range pieces {
+		o := &ops[p.spec]
+		specs[i] = opSpec{op: o.op, local: view{o.local.st, o.local.off + p.off, p.n}, remote: o.remote}
+		specs[i].remote.off += p.off
+		specs[i].remote.n = p.n
+		if p.rail >= 0 {
+			specs[i].pin = p.rail + 1
+			perRail[p.rail] += p.n
+		}
+	}
+	for r, n := range perRail {
+		m.health(r).queued.Add(int64(n))
+	}
+	stop, watched := make(chan struct{}), make(chan struct{})
+	go m.watchRails(perRail, stop, watched)
+	start := time.Now()
+	err := m.execute(ctx, kind, specs)
+	took := time.Since(start)
+	close(stop)
+	<-watched
+	for r, n := range perRail {
+		m.health(r).queued.Add(-int64(n))
+	}
+	var redo []piece
+	hard, told := false, false
+	for i, p := range pieces {
+		s := &specs[i]
+		told = told || s.fail != nil
+		if p.rail < 0 {
+			// A whole op's failure may not be on record (cma, mem):
+			// any failure of the request then ends it.
+			hard = hard || err != nil
+			continue
+		}
+		h := m.health(p.rail)
+		if s.fail == nil {
+			h.bytes.Add(p.n)
+			if p.n >= stripeAlign && took > 0 {
+				seen := float64(perRail[p.rail]) / took.Seconds()
+				if old := math.Float64frombits(h.rate.Load()); old > 0 {
+					seen = (old + seen) / 2
+				}
+				h.rate.Store(math.Float64bits(seen))
+			}
+			if p.probe {
+				m.railUp(p.rail)
+			}
+			continue
+		}
+		if !m.railFault(s.fail) || ctx.Err() != nil {
+			hard = true
+			continue
+		}
+		m.railFailed(p.rail, s.fail)
+		redo = append(redo, p)
+	}
+	if err == nil {
+		return nil, nil
+	}
+	if hard || !told {
+		return nil, err
+	}
+	return redo, err
+}
+
+// watchRails watches the rails of a round until stop: one whose endpoint
+// has ops out and completed none for stallAfter is taken out of use
+// (railFailed closes its endpoint, which fails its pieces).
+func (m *Manager) watchRails(perRail map[int]uint64, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	type watch struct {
+		rail  int
+		b     *libfabric.Route
+		last  uint64
+		since time.Time
+	}
+	bs := m.backends()
+	var ws []watch
+	for r := range perRail {
+		_, c := bs.rails[r].Activity()
+		ws = append(ws, watch{rail: r, b: bs.rails[r], last: c, since: time.Now()})
+	}
+	tick := time.NewTicker(railWatchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			for k := range ws {
+				w := &ws[k]
+				posted, completed := w.b.Activity()
+				switch {
+				case completed != w.last || posted == completed:
+					w.last, w.since = completed, now
+				case now.Sub(w.since) > m.stallAfter(w.rail, w.b):
+					m.railFailed(w.rail, fmt.Errorf("%w: rail %d (%s) completed none of its %d ops in flight for %v",
+						ErrTimeout, w.rail, w.b.Info.Domain.Name, posted-completed, now.Sub(w.since).Round(time.Millisecond)))
+					w.since = now.Add(time.Hour) // judged once
+				}
+			}
+		}
+	}
+}
+
+// stallAfter is how long rail r may complete nothing while it has ops
+// out: railStallFloor plus railStallFactor times one op of the size its
+// endpoint takes at the rate the rail showed.
+func (m *Manager) stallAfter(r int, b *libfabric.Route) time.Duration {
+	return railStallFloor + time.Duration(railStallFactor*float64(b.Chunk)/m.health(r).bytesPerSecond()*float64(time.Second))
+}
+
+// railFault reports whether an op's error is its rail's, not its handle's,
+// buffer's or owner's: another rail may then deliver the piece. A closed
+// endpoint is the rail's while the manager is open (another request took
+// a stalled rail's endpoint out of use under this one).
+func (m *Manager) railFault(err error) bool {
+	if errors.Is(err, ErrClosed) || errors.Is(err, progress.ErrClosed) {
+		return !m.down.Load()
+	}
+	for _, final := range []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, ErrBadHandle,
+		ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrDeviceMemory, context.Canceled} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	return true
+}
+
+// split appends the pieces of bytes [off, off+n) of op i: one, on the rail
+// pickRail chooses, below stripeMin; else one per rail up (plus a probe of
+// each failed rail due one, when probe), sized so that each rail's queue
+// — what it has in flight plus its piece — is in proportion to its speed.
+func (m *Manager) split(out []piece, i int, o *opSpec, off, n uint64, probe bool) []piece {
+	bs := m.backends()
+	var up []int
+	for r := range bs.rails {
+		h := m.health(r)
+		if !h.down.Load() {
+			up = append(up, r)
+			continue
+		}
+		now := time.Now().UnixNano()
+		if at := h.probedAt.Load(); probe && n >= 2*probeSize && now-at > int64(railProbeEvery) && h.probedAt.CompareAndSwap(at, now) {
+			out = append(out, piece{spec: i, off: off, n: probeSize, rail: r, probe: true})
+			off, n = off+probeSize, n-probeSize
+		}
+	}
+	if len(up) == 0 {
+		// Nothing up: the owner's rail, to fail or (after a repair) to
+		// bring the rail back.
+		return append(out, piece{spec: i, off: off, n: n, rail: m.pickRail(&o.remote)})
+	}
+	if n < stripeMin || len(up) == 1 {
+		r := up[0]
+		if len(up) > 1 {
+			r = m.pickRail(&o.remote)
+		}
+		return append(out, piece{spec: i, off: off, n: n, rail: r})
+	}
+	weight := make([]float64, len(up))
+	var wsum, queued float64
+	for k, r := range up {
+		weight[k] = 1
+		if nic := bs.rails[r].Info.NIC; nic != nil && nic.Link != nil && nic.Link.Speed > 0 {
+			weight[k] = float64(nic.Link.Speed)
+		}
+		wsum += weight[k]
+		queued += float64(m.health(r).queued.Load())
+	}
+	// Water-filling: each rail's share of everything queued plus this op,
+	// less what it has queued already.
+	share := make([]float64, len(up))
+	var ssum float64
+	for k, r := range up {
+		share[k] = max(0, (queued+float64(n))*weight[k]/wsum-float64(m.health(r).queued.Load()))
+		ssum += share[k]
+	}
+	at := off
+	for k, r := range up {
+		var size uint64
+		if k == len(up)-1 {
+			size = off + n - at
+		} else {
+			size = uint64(float64(n)*share[k]/ssum) / stripeAlign * stripeAlign
+			size = min(size, off+n-at)
+		}
+		if size == 0 {
+			continue
+		}
+		out = append(out, piece{spec: i, off: at, n: size, rail: r})
+		at += size
+	}
+	return out
+}
+
+// railsUp counts the rails in use.
+func (m *Manager) railsUp() int {
+	up := 0
+	for i := range m.backends().rails {
+		if !m.health(i).down.Load() {
+			up++
+		}
+	}
+	return up
+}
+
+// railErrors lists why each rail is down.
+func (m *Manager) railErrors() string {
+	var out []string
+	for i, b := range m.backends().rails {
+		if p := m.health(i).lastError.Load(); p != nil {
+			out = append(out, fmt.Sprintf("rail %d (%s): %s", i, b.Info.Domain.Name, *p))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// railUp puts rail i back in use after a probe went through it.
+func (m *Manager) railUp(i int) {
+	if m.health(i).down.CompareAndSwap(true, false) {
+		m.log.Info().Int("rail", i).Str("domain", m.backends().rails[i].Info.Domain.Name).Msg("rail back in use: a probe went through")
+	}
+}
+
+// railFailed takes rail i out of use after a piece failed on it with err.
+// A piece that did not end (it stalled) may still be in flight there and
+// could write its buffer later: the rail's endpoint is then closed, which
+// ends whatever it still had, and a new endpoint takes its place for the
+// probes.
+func (m *Manager) railFailed(i int, err error) {
+	h := m.health(i)
+	h.probedAt.Store(time.Now().UnixNano())
+	if h.down.CompareAndSwap(false, true) {
+		msg := err.Error() // the first error of the spell says why
+		h.lastError.Store(&msg)
+		h.failures.Add(1)
+		m.log.Warn().Int("rail", i).Str("domain", m.backends().rails[i].Info.Domain.Name).Err(err).Msg("rail taken out of use")
+	}
+	if errors.Is(err, ErrTimeout) {
+		if rerr := m.replaceRail(m.backends().rails[i]); rerr != nil {
+			m.log.Error().Err(rerr).Int("rail", i).Msg("replacing the endpoint of a stalled rail")
+		}
+	}
+}
+
+// replaceRail closes the endpoint of rail old, ending the ops it still
+// has, and opens a new one on the same domain in its place.
+func (m *Manager) replaceRail(old *libfabric.Route) error {
+	if err := m.acquire(); err != nil {
+		return nil
+	}
+	defer m.releaseManager()
+	m.replaceMu.Lock()
+	defer m.replaceMu.Unlock()
+	cur := m.backends()
+	if old.Rail >= len(cur.rails) || cur.rails[old.Rail] != old || old.Retired.Load() {
+		return nil
+	}
+	old.Retired.Store(true)
+	m.bufsMu.Lock()
+	bufs := make([]*bufState, 0, len(m.bufs))
+	for _, st := range m.bufs {
+		bufs = append(bufs, st)
+	}
+	m.bufsMu.Unlock()
+	closeErr := old.CloseWith(func() {
+		for _, st := range bufs {
+			st.closeMR(old.Index)
+		}
+	})
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode,
+		rails: append([]*libfabric.Route(nil), cur.rails...)}
+	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
+	if err != nil {
+		m.log.Error().Err(err).Int("rail", old.Rail).Msg("no new endpoint for a failed rail; it stays out of use")
+		return errors.Join(closeErr, err)
+	}
+	b.Rail = old.Rail
+	next.all = append(next.all, b)
+	next.rails[old.Rail] = b
+	next.remote = next.rails[0]
+	m.set.Store(next)
+	return closeErr
+}
