@@ -2,8 +2,11 @@ package transport
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -65,16 +68,72 @@ func TestHandleRejectsDamage(t *testing.T) {
 func TestHandleVersion(t *testing.T) {
 	good, err := sampleHandle().MarshalBinary()
 	require.NoError(t, err)
+	assert.Equal(t, byte(2), good[4])
 	bad := bytes.Clone(good)
-	bad[4] = 2
+	bad[4] = 3
 	var r RemoteBuffer
 	err = r.UnmarshalBinary(bad)
 	assert.ErrorIs(t, err, ErrBadHandle)
-	assert.Contains(t, err.Error(), "format version 2; this fitransfer reads version 1")
+	assert.Contains(t, err.Error(), "format version 3; this fitransfer reads versions 1 and 2")
 
-	err = json.Unmarshal([]byte(`{"version":3}`), &r)
+	err = json.Unmarshal([]byte(`{"version":4}`), &r)
 	assert.ErrorIs(t, err, ErrBadHandle)
-	assert.ErrorContains(t, err, "JSON format version 3; this fitransfer reads versions 1 and 2")
+	assert.ErrorContains(t, err, "JSON format version 4; this fitransfer reads versions 1 to 3")
+}
+
+// sampleV1 is sampleHandle as fitransfer 8198468 encoded it: binary
+// format version 1, before rails.
+const sampleV1 = "4654524201000302010203000000000000000000000000000405060000000000000000000000000007000000000000006400000000000000a00f00000000000000200000000000000373686d120066695f73686d3a2f2f313233343a303a3000efbeadde0000000000100000007f00000100001000007f000063000000000000000300000002000000000000000b7463703b6f66695f72786d100002001e617f000001000000000000000034120000000000000000000000000000003433e13b"
+
+// TestHandleBinaryVersion1: handles of the format before rails still
+// decode, every endpoint on rail 0.
+func TestHandleBinaryVersion1(t *testing.T) {
+	v1, err := hex.DecodeString(sampleV1)
+	require.NoError(t, err)
+	var r RemoteBuffer
+	require.NoError(t, r.UnmarshalBinary(v1))
+	assert.Equal(t, sampleHandle(), r)
+}
+
+// railHandle is a handle as a manager with four tcp rails makes it.
+func railHandle() RemoteBuffer {
+	h := sampleHandle()
+	tcp := h.eps[1]
+	h.eps = h.eps[:1]
+	for rail := uint8(0); rail < 4; rail++ {
+		ep := tcp
+		ep.rail, ep.key = rail, 0x1234+uint64(rail)
+		ep.name = []byte{2, 0, 0x1e, 0x61, 10, 80, rail, 2, 0, 0, 0, 0, 0, 0, 0, 0}
+		h.eps = append(h.eps, ep)
+	}
+	return h
+}
+
+func TestHandleRails(t *testing.T) {
+	h := railHandle()
+	b, err := h.MarshalBinary()
+	require.NoError(t, err)
+	var back RemoteBuffer
+	require.NoError(t, back.UnmarshalBinary(b))
+	assert.Equal(t, h, back)
+	assert.Equal(t, 4, back.rails("tcp;ofi_rxm"))
+	assert.Equal(t, uint64(0x1236), back.railEP("tcp;ofi_rxm", 2).key)
+	assert.Nil(t, back.railEP("tcp;ofi_rxm", 4))
+
+	j, err := json.Marshal(h)
+	require.NoError(t, err)
+	assert.Contains(t, string(j), `"version":3`)
+	assert.Contains(t, string(j), `"provider":"tcp;ofi_rxm","rail":3,`)
+	var fromJSON RemoteBuffer
+	require.NoError(t, json.Unmarshal(j, &fromJSON))
+	assert.Equal(t, h, fromJSON)
+
+	// A version 2 JSON handle had no rails: one that claims some was
+	// not written by fitransfer.
+	v2 := strings.Replace(string(j), `"version":3`, `"version":2`, 1)
+	err = json.Unmarshal([]byte(v2), &fromJSON)
+	assert.ErrorIs(t, err, ErrBadHandle)
+	assert.ErrorContains(t, err, "a rail in a version 2 handle")
 }
 
 // TestHandleJSONThroughGenericDecoder: a handle whose keys and addresses
@@ -123,6 +182,8 @@ func TestHandleFieldChecks(t *testing.T) {
 		{"no endpoint", func(r *RemoteBuffer) { r.eps = nil }, "no endpoint"},
 		{"empty provider", func(r *RemoteBuffer) { r.eps[0].provider = "" }, "provider name of 0 bytes"},
 		{"duplicate provider", func(r *RemoteBuffer) { r.eps[1].provider = "shm" }, "listed twice"},
+		{"duplicate rail", func(r *RemoteBuffer) { r.eps[1].provider, r.eps[1].rail = "shm", r.eps[0].rail }, `provider "shm" rail 0 listed twice`},
+		{"rail out of range", func(r *RemoteBuffer) { r.eps[1].rail = maxRails }, "rail 32, at most 32 rails"},
 		{"empty address", func(r *RemoteBuffer) { r.eps[1].name = nil }, "address of 0 bytes"},
 		{"address overflow", func(r *RemoteBuffer) { r.eps[0].base = ^uint64(0) - 5 }, "overflows"},
 		{"access bits", func(r *RemoteBuffer) { r.access = 0x80 }, "unknown access bits"},
@@ -155,6 +216,10 @@ func FuzzUnmarshalBinary(f *testing.F) {
 	good, _ := sampleHandle().MarshalBinary()
 	f.Add(good)
 	f.Add(good[:len(good)/2])
+	rails, _ := railHandle().MarshalBinary()
+	f.Add(rails)
+	v1, _ := hex.DecodeString(sampleV1)
+	f.Add(v1)
 	f.Add([]byte("FTRB"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -165,11 +230,20 @@ func FuzzUnmarshalBinary(f *testing.F) {
 			}
 			return
 		}
-		// A handle that decodes re-encodes to the same bytes and its
-		// range lies inside its buffer.
+		// A handle that decodes re-encodes to the same bytes (a version 1
+		// handle: to version 2 bytes that decode to it) and its range
+		// lies inside its buffer.
 		again, err := r.MarshalBinary()
-		if err != nil || !bytes.Equal(again, data) {
-			t.Fatalf("decoded handle does not re-encode to its bytes: %v", err)
+		if err != nil {
+			t.Fatalf("decoded handle does not re-encode: %v", err)
+		}
+		if data[4] == 1 {
+			var back RemoteBuffer
+			if err := back.UnmarshalBinary(again); err != nil || !reflect.DeepEqual(back, r) {
+				t.Fatalf("version 1 handle does not survive re-encoding: %v", err)
+			}
+		} else if !bytes.Equal(again, data) {
+			t.Fatalf("decoded handle does not re-encode to its bytes")
 		}
 		if r.off+r.n > r.size || r.off+r.n < r.off {
 			t.Fatalf("range [%d,+%d) outside %d", r.off, r.n, r.size)
