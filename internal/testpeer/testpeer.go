@@ -255,6 +255,19 @@ func start(t testing.TB, providers []string) *Peer {
 	return startCmd(t, exec.Command(exe, "-test.run=^$"), providers)
 }
 
+// StartIn starts a child owner in network namespace ns (ip netns exec):
+// another host, on the links of that namespace.
+func StartIn(t testing.TB, ns string, providers ...string) *Peer {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startCmd(t, exec.Command("ip", "netns", "exec", ns, exe, "-test.run=^$"), providers)
+	p.reap()
+	return p
+}
+
 // StartAs starts a child owner running as user uid (and group uid): a
 // copy of the test binary that user may run, in a temporary directory.
 // Only root can.

@@ -1,0 +1,312 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/netlab"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// envRailLab tells a copy of this test binary that it runs inside the lab
+// (in namespace A): "A B rails".
+const envRailLab = "FITRANSFER_TEST_RAIL_LAB"
+
+const (
+	labRails = 4
+	// labRate keeps each link, not this 2-core machine, the limit, and a
+	// transfer long enough to be cut in the middle.
+	labRate     = "200mbit"
+	railTimeout = 15 * time.Second
+)
+
+// TestRails runs transfers between two hosts joined by 4 links, over
+// tcp;ofi_rxm with one rail per link: striped transfers with every byte
+// checked, one link cut in the middle of transfers, all links cut. The
+// test's manager must run in the lab's namespace A, so each case runs in
+// a copy of this test binary started there; its owner runs in B.
+func TestRails(t *testing.T) {
+	if v := os.Getenv(envRailLab); v != "" {
+		runInLab(t, v)
+		return
+	}
+	testenv.RequireRoot(t) // ip netns
+	lab, err := netlab.New(labRails, labRate)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lab.Close() })
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for _, name := range []string{"stripe", "cut-one", "cut-all"} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command("ip", "netns", "exec", lab.A, exe, "-test.run=^TestRails$/^"+name+"$", "-test.v", "-test.count=1")
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, testenv.TCPIfaceEnv+"=") { // the lab's hosts talk over their rails
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			cmd.Env = append(cmd.Env, envRailLab+"="+lab.A+" "+lab.B+" "+strconv.Itoa(labRails),
+				transport.RailsEnv+"="+lab.RailList(labRails))
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.Contains(t, string(out), "--- PASS: TestRails/"+name, "%s", out)
+			t.Logf("%s", out)
+		})
+	}
+}
+
+// railCase is a case of TestRails as it runs in the lab.
+type railCase struct {
+	lab  *netlab.Lab
+	m    *transport.Manager
+	peer *testpeer.Peer
+	bufs int    // buffers the owner registered
+	seed uint64 // TEST_SEED replays a run
+	// peerMu: the owner answers one request at a time.
+	peerMu sync.Mutex
+}
+
+func runInLab(t *testing.T, spec string) {
+	f := strings.Fields(spec)
+	require.Len(t, f, 3)
+	n, err := strconv.Atoi(f[2])
+	require.NoError(t, err)
+	lab := &netlab.Lab{A: f[0], B: f[1], Rails: n}
+	// TestMain kept tcp to loopback; the lab's hosts talk over their
+	// rails (peers started from here inherit this).
+	require.NoError(t, os.Unsetenv(testenv.TCPIfaceEnv))
+	newCase := func(t *testing.T) *railCase {
+		m, err := transport.New(context.Background(), transport.WithProviders("tcp"), transport.WithTimeout(railTimeout))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = m.Close() })
+		require.Len(t, m.Rails(), n, "%s names %d rails", transport.RailsEnv, n)
+		seed := integritySeed(t)
+		t.Logf("seed %d (TEST_SEED=%d replays it)", seed, seed)
+		return &railCase{lab: lab, m: m, peer: testpeer.StartIn(t, lab.B, "tcp"), seed: seed}
+	}
+	t.Run("stripe", func(t *testing.T) {
+		c := newCase(t)
+		w := c.newWorker(t, 1, 64<<20)
+		for i := 0; i < 40; i++ {
+			require.NoError(t, w.op())
+		}
+		for _, r := range c.m.Rails() {
+			assert.True(t, r.Up, "rail %d", r.Rail)
+			assert.Positive(t, r.Bytes, "rail %d carried nothing", r.Rail)
+		}
+	})
+	t.Run("cut-one", func(t *testing.T) {
+		c := newCase(t)
+		const cut = 2
+		var (
+			wg    sync.WaitGroup
+			done  = make(chan struct{})
+			errMu sync.Mutex
+			errs  []error
+		)
+		for g := 0; g < 2; g++ {
+			w := c.newWorker(t, uint64(g+1), 32<<20)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := w.op(); err != nil {
+						errMu.Lock()
+						errs = append(errs, err)
+						errMu.Unlock()
+						return
+					}
+				}
+			}()
+		}
+		// ok fails the test as soon as a worker stopped on an error.
+		ok := func() {
+			errMu.Lock()
+			defer errMu.Unlock()
+			if len(errs) > 0 {
+				t.Fatalf("an op over the rails left failed: %v", errs)
+			}
+		}
+		c.waitTraffic(t, cut)
+		require.NoError(t, c.lab.Cut(cut))
+		t.Cleanup(func() { _ = c.lab.Restore(cut) })
+		waitFor(t, "the cut rail taken out of use", func() bool { ok(); return c.m.Rails()[cut].Failures > 0 })
+		before := c.m.Rails()
+		waitFor(t, "the other rails carrying on", func() bool {
+			ok()
+			now := c.m.Rails()
+			for i := range now {
+				if i != cut && now[i].Bytes < before[i].Bytes+32<<20 {
+					return false
+				}
+			}
+			return true
+		})
+		require.NoError(t, c.lab.Restore(cut))
+		back := c.m.Rails()[cut].Bytes
+		waitFor(t, "a probe bringing the rail back", func() bool {
+			ok()
+			r := c.m.Rails()[cut]
+			return r.Up && r.Bytes > back+4<<20
+		})
+		close(done)
+		wg.Wait()
+		ok()
+	})
+	t.Run("cut-all", func(t *testing.T) {
+		c := newCase(t)
+		w := c.newWorker(t, 1, 256<<20)
+		local, err := c.m.Register(w.local, 0)
+		require.NoError(t, err)
+		defer local.Close()
+		got := make(chan error, 1)
+		start := time.Now()
+		go func() { got <- c.m.ReadInto(context.Background(), local, w.remote) }()
+		for i := 0; i < labRails; i++ {
+			c.waitTraffic(t, i)
+		}
+		for i := 0; i < labRails; i++ {
+			require.NoError(t, c.lab.Cut(i))
+		}
+		t.Cleanup(func() {
+			for i := 0; i < labRails; i++ {
+				_ = c.lab.Restore(i)
+			}
+		})
+		select {
+		case err := <-got:
+			require.Error(t, err)
+			assert.ErrorIs(t, err, transport.ErrNoRail)
+			assert.ErrorContains(t, err, "every one of the 4 tcp;ofi_rxm rails failed")
+			t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		case <-time.After(railTimeout + 5*time.Second):
+			t.Fatalf("no error %v after every rail was cut (timeout %v)", time.Since(start), railTimeout)
+		}
+	})
+}
+
+// railWorker runs random ops against one buffer of the owner, and keeps
+// what that buffer holds (shadow) to check every op against.
+type railWorker struct {
+	c      *railCase
+	rng    *rand.Rand
+	buf    int
+	remote transport.RemoteBuffer
+	shadow []byte
+	local  []byte
+	reg    *transport.Buffer
+}
+
+func (c *railCase) newWorker(t *testing.T, seed uint64, size int) *railWorker {
+	s := c.seed + seed
+	c.peerMu.Lock()
+	h := c.peer.Register(size, mr.ReadWrite, s)
+	c.bufs++
+	buf := c.bufs - 1
+	c.peerMu.Unlock()
+	local, err := mr.Alloc(size)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mr.Free(local) })
+	reg, err := c.m.Register(local, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reg.Close() })
+	rails := 0
+	for _, p := range h.Providers() {
+		if p == "tcp;ofi_rxm" {
+			rails++
+		}
+	}
+	require.Equal(t, labRails, rails, "the owner's handle names each of its rails: %v", h.Providers())
+	return &railWorker{c: c, rng: rand.New(rand.NewPCG(s, seed)), buf: buf, remote: h,
+		shadow: testpeer.Pattern(size, s), local: local, reg: reg}
+}
+
+// op runs one random read or write, of 1 B to 3/4 of the buffer, and
+// checks it: nil means the bytes are where they belong. It returns the
+// op's error, or a violation: nil with the wrong bytes.
+func (w *railWorker) op() error {
+	size := uint64(len(w.shadow))
+	var n uint64
+	switch w.rng.IntN(4) {
+	case 0:
+		n = 1 + w.rng.Uint64N(64<<10)
+	case 1:
+		n = 1 + w.rng.Uint64N(1<<20)
+	default:
+		n = 1 + w.rng.Uint64N(size*3/4)
+	}
+	off := w.rng.Uint64N(size - n + 1)
+	loff := w.rng.Uint64N(size - n + 1)
+	remote, err := w.remote.Slice(off, n)
+	if err != nil {
+		return err
+	}
+	local, err := w.reg.Slice(loff, n)
+	if err != nil {
+		return err
+	}
+	if w.rng.IntN(2) == 0 {
+		if err := w.c.m.ReadInto(context.Background(), local, remote); err != nil {
+			return err
+		}
+		if !bytes.Equal(w.local[loff:loff+n], w.shadow[off:off+n]) {
+			return fmt.Errorf("VIOLATION: read of %d bytes at %d returned nil, but the bytes differ", n, off)
+		}
+		return nil
+	}
+	fillRandom(w.rng, w.local[loff:loff+n])
+	if err := w.c.m.WriteFrom(context.Background(), remote, local); err != nil {
+		return err
+	}
+	copy(w.shadow[off:off+n], w.local[loff:loff+n])
+	w.c.peerMu.Lock()
+	got := w.c.peer.Sum(w.buf, off, n)
+	w.c.peerMu.Unlock()
+	if got != testpeer.Sum(w.shadow[off:off+n]) {
+		return fmt.Errorf("VIOLATION: write of %d bytes at %d returned nil, but the owner's bytes differ", n, off)
+	}
+	return nil
+}
+
+// waitTraffic waits until rail i's link carried 1 MiB more than when
+// called: a transfer is under way on it.
+func (c *railCase) waitTraffic(t *testing.T, i int) {
+	t.Helper()
+	start, err := c.lab.Bytes(i)
+	require.NoError(t, err)
+	waitFor(t, "traffic on rail "+strconv.Itoa(i), func() bool {
+		n, err := c.lab.Bytes(i)
+		return err == nil && n > start+1<<20
+	})
+}
+
+// waitFor polls cond until it holds, failing t after railTimeout.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * railTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", 2*railTimeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
