@@ -36,6 +36,11 @@ type Device struct {
 	Len    uint64
 	Iface  Iface
 	Device int // e.g. the CUDA device ordinal
+	// PCIBusID is the device's PCI address ("0000:10:1c.0", as
+	// cudaDeviceGetPCIBusId gives it), or "": with it, a manager with
+	// several rails sends this memory's transfers that are not striped
+	// over the NICs nearest the device.
+	PCIBusID string
 }
 
 // Check validates the description.

@@ -31,6 +31,11 @@ type bufState struct {
 	size   uint64
 	iface  mr.Iface // mr.Host, or device memory
 	device int
+	// devicePCI is device memory's PCI address, or ""; near, once
+	// worked out (nearRails), the rails nearest the memory.
+	devicePCI string
+	nearOnce  sync.Once
+	near      []int
 	access mr.Access
 	mrsMu  sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode)
 	mrs    []*fabric.MR // per backend index
@@ -98,7 +103,7 @@ func (m *Manager) RegisterDevice(d mr.Device, access mr.Access) (*Buffer, error)
 	if !m.cfg.hmem {
 		return nil, fmt.Errorf("%w: open the manager WithDeviceMemory to register %v memory", ErrDeviceMemory, d.Iface)
 	}
-	return m.register(&bufState{base: d.Ptr, size: d.Len, iface: d.Iface, device: d.Device}, access)
+	return m.register(&bufState{base: d.Ptr, size: d.Len, iface: d.Iface, device: d.Device, devicePCI: d.PCIBusID}, access)
 }
 
 func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
@@ -107,7 +112,7 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 	}
 	b, stuck, err := m.registerOnce(st, access)
 	if stuck != nil && m.replaceIfStuck(stuck, err) {
-		*st = bufState{mem: st.mem, base: st.base, size: st.size, iface: st.iface, device: st.device}
+		*st = bufState{mem: st.mem, base: st.base, size: st.size, iface: st.iface, device: st.device, devicePCI: st.devicePCI}
 		b, _, err = m.registerOnce(st, access) // on the shm endpoint that took the stuck one's place
 	}
 	return b, err

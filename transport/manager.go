@@ -19,6 +19,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
+	"github.com/fitransfer/fitransfer/internal/topology"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -40,7 +41,8 @@ type Manager struct {
 	memPeers memPeers  // the peers that map this manager's buffers
 
 	railsOnce sync.Once
-	railState []railHealth // per rail (health)
+	railState []railHealth  // per rail (health)
+	topo      topology.Tree // where the rails' NICs and the memory sit (nearRails)
 
 	// guardDirect: shm handle checks read the owner's guard entry with
 	// process_vm_readv themselves where shm would (shmCheckDirect).
@@ -85,7 +87,8 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{}}
+	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{},
+		topo: topology.Tree{Root: "/sys"}}
 	infos, err := m.discover()
 	if err != nil {
 		return nil, err

@@ -14,6 +14,8 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/topology"
+	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
@@ -200,7 +202,7 @@ func (m *Manager) onRail(bs *backendSet, r *RemoteBuffer, pin int) (*libfabric.R
 	}
 	i := pin - 1
 	if pin == 0 {
-		i = m.pickRail(r)
+		i = m.pickRail(r, nil)
 	}
 	b := bs.rails[i]
 	if ep := r.railEP(name, uint8(i)); ep != nil {
@@ -213,30 +215,81 @@ func (m *Manager) onRail(bs *backendSet, r *RemoteBuffer, pin int) (*libfabric.R
 }
 
 // pickRail chooses the rail of an op that is not striped: among the rails
-// up, one by the owner, so that different owners spread over the rails
-// and one owner's ops stay in order on one.
-func (m *Manager) pickRail(r *RemoteBuffer) int {
+// up nearest the local memory (near; nil: every rail), else among the
+// rails up, one by the owner, so that different owners spread over the
+// rails and one owner's ops stay in order on one.
+func (m *Manager) pickRail(r *RemoteBuffer, near []int) int {
 	n := len(m.backends().rails)
-	up := 0
-	for i := 0; i < n; i++ {
-		if !m.health(i).down.Load() {
-			up++
+	h := binary.LittleEndian.Uint64(r.owner[:8])
+	var buf [maxRails]int
+	up := buf[:0]
+	for _, i := range near {
+		if i < n && !m.health(i).down.Load() {
+			up = append(up, i)
 		}
 	}
-	h := binary.LittleEndian.Uint64(r.owner[:8])
-	if up == 0 {
+	if len(up) == 0 {
+		for i := 0; i < n; i++ {
+			if !m.health(i).down.Load() {
+				up = append(up, i)
+			}
+		}
+	}
+	if len(up) == 0 {
 		return int(h % uint64(n))
 	}
-	k := int(h % uint64(up))
-	for i := 0; i < n; i++ {
-		if !m.health(i).down.Load() {
-			if k == 0 {
-				return i
-			}
-			k--
+	return up[h%uint64(len(up))]
+}
+
+// nearRails is the rails nearest st's memory (topology.Nearest): for
+// device memory with a PCI address, those nearest the device; for host
+// memory, those on its NUMA node; nil (every rail) when the rails' PCI
+// addresses or the memory's place are not known. Worked out once per
+// buffer.
+func (m *Manager) nearRails(st *bufState) []int {
+	st.nearOnce.Do(func() {
+		nics, ok := m.railPCI()
+		if !ok {
+			return
 		}
+		var at topology.Location
+		switch {
+		case st.iface != mr.Host && st.devicePCI != "":
+			a, err := topology.ParsePCIAddr(st.devicePCI)
+			if err != nil {
+				return
+			}
+			at = topology.DeviceMemory(a)
+		case st.iface == mr.Host && st.mem != nil:
+			node, err := topology.HostNode(st.mem)
+			if err != nil {
+				return
+			}
+			at = topology.HostMemory(node)
+		default:
+			return
+		}
+		if near := m.topo.Nearest(nics, at); len(near) < len(nics) {
+			st.near = near
+		}
+	})
+	return st.near
+}
+
+// railPCI is the PCI address of each rail's NIC, from fi_info; false
+// when a rail has none (tcp).
+func (m *Manager) railPCI() ([]topology.PCIAddr, bool) {
+	rails := m.backends().rails
+	out := make([]topology.PCIAddr, len(rails))
+	for i, b := range rails {
+		nic := b.Info.NIC
+		if nic == nil || nic.Bus == nil || nic.Bus.PCI == nil {
+			return nil, false
+		}
+		p := nic.Bus.PCI
+		out[i] = topology.PCIAddr{Domain: p.DomainID, Bus: p.BusID, Device: p.DeviceID, Function: p.FunctionID}
 	}
-	return 0
+	return out, true
 }
 
 // piece is a part of an op pinned to one rail.
@@ -474,12 +527,12 @@ func (m *Manager) split(out []piece, i int, o *opSpec, off, n uint64, probe bool
 	if len(up) == 0 {
 		// Nothing up: the owner's rail, to fail or (after a repair) to
 		// bring the rail back.
-		return append(out, piece{spec: i, off: off, n: n, rail: m.pickRail(&o.remote)})
+		return append(out, piece{spec: i, off: off, n: n, rail: m.pickRail(&o.remote, nil)})
 	}
 	if n < stripeMin || len(up) == 1 {
 		r := up[0]
 		if len(up) > 1 {
-			r = m.pickRail(&o.remote)
+			r = m.pickRail(&o.remote, m.nearRails(o.local.st))
 		}
 		return append(out, piece{spec: i, off: off, n: n, rail: r})
 	}

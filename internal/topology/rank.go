@@ -54,14 +54,41 @@ func (l Location) String() string {
 // the device of mem cannot be read, or mem is unknown, the order is the
 // input order.
 func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
+	order, _ := t.rank(nics, mem)
+	return order
+}
+
+// Nearest is the NICs that rank first for mem, all those as near as the
+// best (p5: the four NICs of a GPU's switch), in input order; every NIC
+// when nothing is known.
+func (t Tree) Nearest(nics []PCIAddr, mem Location) []int {
+	order, keys := t.rank(nics, mem)
+	if len(order) == 0 {
+		return order
+	}
+	best := keys[order[0]]
+	var out []int
+	for _, i := range order {
+		if keys[i] == best {
+			out = append(out, i)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// rankKey is how near a NIC is to the memory.
+type rankKey struct {
+	shared   int  // bridges shared with the memory's device
+	sameNode bool // on the memory's NUMA node
+}
+
+func (t Tree) rank(nics []PCIAddr, mem Location) ([]int, []rankKey) {
 	order := make([]int, len(nics))
 	for i := range order {
 		order[i] = i
 	}
-	type key struct {
-		shared   int  // bridges shared with the memory's device
-		sameNode bool // on the memory's NUMA node
-	}
+	type key = rankKey
 	keys := make([]key, len(nics))
 	var memDev Device
 	node := -1
@@ -69,13 +96,13 @@ func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
 	case locDevice:
 		d, err := t.Device(mem.dev)
 		if err != nil {
-			return order
+			return order, keys
 		}
 		memDev, node = d, d.NUMANode
 	case locHost:
 		node = mem.node
 	default:
-		return order
+		return order, keys
 	}
 	for i, a := range nics {
 		nd, err := t.Device(a)
@@ -94,5 +121,5 @@ func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
 		}
 		return a.sameNode && !b.sameNode
 	})
-	return order
+	return order, keys
 }

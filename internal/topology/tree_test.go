@@ -273,3 +273,40 @@ func relink(t *testing.T, root, dev, target string) {
 	require.NoError(t, os.Remove(p))
 	require.NoError(t, os.Symlink(target, p))
 }
+
+// TestNearest: the NICs as near as the best, which a transfer that is
+// not striped spreads over by peer.
+func TestNearest(t *testing.T) {
+	p4d := Tree{Root: loadSysfs(t, "p4d.24xlarge")}
+	p4dAll := addrs(t, p4dNICs...)
+	p5 := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+	var p5All []string
+	for _, s := range p5Switches {
+		p5All = append(p5All, s.nics...)
+	}
+	p5NICs := addrs(t, p5All...)
+	for _, tc := range []struct {
+		name string
+		tree Tree
+		nics []PCIAddr
+		mem  Location
+		want []int
+	}{
+		{"p4d GPU 20:1d: its switch's NIC", p4d, p4dAll, DeviceMemory(addr(t, "0000:20:1d.0")), []int{1}},
+		{"p4d host node 1: the node's two NICs", p4d, p4dAll, HostMemory(1), []int{2, 3}},
+		{"p4d unknown: every NIC", p4d, p4dAll, Location{}, []int{0, 1, 2, 3}},
+		{"p5 GPU 64:00: its switch's four NICs", p5, p5NICs, DeviceMemory(addr(t, p5Switches[1].gpu)), []int{4, 5, 6, 7}},
+		{"p5 host node 1: the node's sixteen NICs", p5, p5NICs, HostMemory(1),
+			[]int{16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}},
+		{"no NICs", p4d, nil, HostMemory(0), []int{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.tree.Nearest(tc.nics, tc.mem)
+			if len(tc.want) == 0 {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
