@@ -54,35 +54,58 @@ func (l Location) String() string {
 // the device of mem cannot be read, or mem is unknown, the order is the
 // input order.
 func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
+	order, _ := t.rank(nics, mem)
+	return order
+}
+
+// Nearest is the head of Rank's order: the NICs Rank puts first and
+// those it ranks equal to them, in Rank's order. For a GPU of a p4d that
+// is the NIC behind its switch; of a p5, the four behind its switch; for
+// host memory, the NICs on its node. With nothing to go by (mem unknown
+// or unreadable, or no NIC nearer than another) it is every NIC.
+func (t Tree) Nearest(nics []PCIAddr, mem Location) []int {
+	order, keys := t.rank(nics, mem)
+	n := 0
+	for n < len(order) && keys[order[n]] == keys[order[0]] {
+		n++
+	}
+	return order[:n]
+}
+
+// rankKey is how near a NIC is to the memory Rank orders for.
+type rankKey struct {
+	shared   int  // bridges shared with the memory's device
+	sameNode bool // on the memory's NUMA node
+}
+
+// rank is Rank's order and each NIC's key (all zero when mem is unknown
+// or its device unreadable).
+func (t Tree) rank(nics []PCIAddr, mem Location) ([]int, []rankKey) {
 	order := make([]int, len(nics))
 	for i := range order {
 		order[i] = i
 	}
-	type key struct {
-		shared   int  // bridges shared with the memory's device
-		sameNode bool // on the memory's NUMA node
-	}
-	keys := make([]key, len(nics))
+	keys := make([]rankKey, len(nics))
 	var memDev Device
 	node := -1
 	switch mem.kind {
 	case locDevice:
 		d, err := t.Device(mem.dev)
 		if err != nil {
-			return order
+			return order, keys
 		}
 		memDev, node = d, d.NUMANode
 	case locHost:
 		node = mem.node
 	default:
-		return order
+		return order, keys
 	}
 	for i, a := range nics {
 		nd, err := t.Device(a)
 		if err != nil {
 			continue
 		}
-		keys[i] = key{sameNode: node >= 0 && nd.NUMANode == node}
+		keys[i] = rankKey{sameNode: node >= 0 && nd.NUMANode == node}
 		if mem.kind == locDevice {
 			keys[i].shared = sharedBridges(memDev, nd)
 		}
@@ -94,5 +117,5 @@ func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
 		}
 		return a.sameNode && !b.sameNode
 	})
-	return order
+	return order, keys
 }

@@ -62,6 +62,55 @@ func TestRankP4d(t *testing.T) {
 	})
 }
 
+// TestNearest: the head of Rank's order, ties included.
+func TestNearest(t *testing.T) {
+	near := func(tr Tree, nics []PCIAddr, mem Location) []string {
+		var out []string
+		for _, i := range tr.Nearest(nics, mem) {
+			out = append(out, nics[i].String())
+		}
+		return out
+	}
+	t.Run("p4d.24xlarge", func(t *testing.T) {
+		tr := Tree{Root: loadSysfs(t, "p4d.24xlarge")}
+		nics := addrs(t, p4dNICs...)
+		a, b, c, d := p4dNICs[0], p4dNICs[1], p4dNICs[2], p4dNICs[3]
+		assert.Equal(t, []string{a}, near(tr, nics, DeviceMemory(addr(t, "0000:10:1c.0"))))
+		assert.Equal(t, []string{d}, near(tr, nics, DeviceMemory(addr(t, "0000:a0:1d.0"))))
+		assert.Equal(t, []string{a, b}, near(tr, nics, HostMemory(0)))
+		assert.Equal(t, []string{c, d}, near(tr, nics, HostMemory(1)))
+		assert.Equal(t, []string{a, b, c, d}, near(tr, nics, HostMemory(2)), "no NIC on the node: none is nearer")
+		assert.Equal(t, []string{a, b, c, d}, near(tr, nics, Location{}))
+		assert.Empty(t, tr.Nearest(nil, HostMemory(0)))
+	})
+	t.Run("p5.48xlarge", func(t *testing.T) {
+		tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+		var all []string
+		for _, s := range p5Switches {
+			all = append(all, s.nics...)
+		}
+		nics := addrs(t, all...)
+		for _, sw := range p5Switches {
+			assert.Equal(t, sw.nics, near(tr, nics, DeviceMemory(addr(t, sw.gpu))), "GPU %s", sw.gpu)
+		}
+		assert.Equal(t, all[:16], near(tr, nics, HostMemory(0)))
+	})
+}
+
+func TestAccelerators(t *testing.T) {
+	got, err := Tree{Root: loadSysfs(t, "p4d.24xlarge")}.Accelerators()
+	require.NoError(t, err)
+	var gpus []PCIAddr
+	for _, bus := range []string{"10", "20", "90", "a0"} {
+		gpus = append(gpus, addrs(t, "0000:"+bus+":1c.0", "0000:"+bus+":1d.0")...)
+	}
+	assert.Equal(t, gpus, got, "the eight A100s, NICs left out")
+
+	got, err = Tree{Root: t.TempDir()}.Accelerators()
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}
+
 // p5.48xlarge: eight PCIe switches, each with one H100 and four EFA NICs;
 // switches 0-3 on NUMA node 0, 4-7 on node 1 (testdata/README.md).
 var p5Switches = []struct {
