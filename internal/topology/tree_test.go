@@ -85,10 +85,7 @@ func TestNearest(t *testing.T) {
 	})
 	t.Run("p5.48xlarge", func(t *testing.T) {
 		tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
-		var all []string
-		for _, s := range p5Switches {
-			all = append(all, s.nics...)
-		}
+		all := p5NICs()
 		nics := addrs(t, all...)
 		for _, sw := range p5Switches {
 			assert.Equal(t, sw.nics, near(tr, nics, DeviceMemory(addr(t, sw.gpu))), "GPU %s", sw.gpu)
@@ -129,13 +126,18 @@ var p5Switches = []struct {
 	{"0000:bc:00.0", "0000:ca:00.0", []string{"0000:c6:00.0", "0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0"}, 1},
 }
 
-func TestRankP5(t *testing.T) {
-	tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+// p5NICs are the 32 NICs of p5Switches, in switch order.
+func p5NICs() []string {
 	var all []string
 	for _, s := range p5Switches {
 		all = append(all, s.nics...)
 	}
-	nics := addrs(t, all...)
+	return all
+}
+
+func TestRankP5(t *testing.T) {
+	tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+	nics := addrs(t, p5NICs()...)
 	// want: the GPU's four NICs, then the other NICs of its node, then
 	// the rest, each group in input order.
 	for _, sw := range p5Switches {
