@@ -24,6 +24,15 @@ type FabricAttr = ofi.FabricAttr
 // NIC is fid_nic: device, bus and link attributes of a domain's hardware.
 type NIC = ofi.NIC
 
+// DeviceAttr is fi_device_attr, a NIC's name and ids.
+type DeviceAttr = ofi.DeviceAttr
+
+// BusAttr is fi_bus_attr; PCI is set for FI_BUS_PCI.
+type BusAttr = ofi.BusAttr
+
+// PCIAttr is fi_pci_attr: the NIC's PCI address.
+type PCIAttr = ofi.PCIAttr
+
 // Addr is an endpoint address with its format.
 type Addr = ofi.Addr
 

@@ -81,10 +81,19 @@ func (m *Manager) railNames() ([]string, string) {
 	if m.cfg.railsSet {
 		return m.cfg.rails, "WithRails"
 	}
-	if v := strings.TrimSpace(os.Getenv(RailsEnv)); v != "" {
-		return strings.Split(v, ","), RailsEnv
+	if names := EnvRails(); names != nil {
+		return names, RailsEnv
 	}
 	return nil, ""
+}
+
+// EnvRails are the rails FITRANSFER_RAILS names, split at its commas; nil
+// when it is unset or blank.
+func EnvRails() []string {
+	if v := strings.TrimSpace(os.Getenv(RailsEnv)); v != "" {
+		return strings.Split(v, ",")
+	}
+	return nil
 }
 
 // railsNamed reports whether rails were named.
@@ -98,6 +107,16 @@ func (m *Manager) railsNamed() bool {
 // first's alone.
 func (m *Manager) railInfos(infos []fabric.Info, first *fabric.Info) ([]*fabric.Info, error) {
 	names, from := m.railNames()
+	return RailInfos(infos, first, names, from)
+}
+
+// RailInfos are the infos of the rails a Manager opens for first, the
+// info of its remote provider, among infos (fi_getinfo's answer): the
+// domains names lists ("all": every one), else every domain for efa and
+// efa-direct, else first's alone. from says who named them, for the
+// errors (RailsEnv, "WithRails"). `fitransfer doctor` and `info --rails`
+// show the rails with it.
+func RailInfos(infos []fabric.Info, first *fabric.Info, names []string, from string) ([]*fabric.Info, error) {
 	provider := libfabric.Name(first)
 	var domains []*fabric.Info // one per domain: the first RDM info with RMA, of first's address format
 	for i := range infos {

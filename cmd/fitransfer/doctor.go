@@ -52,6 +52,12 @@ func runDoctor(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stdout, "      %-20s fix: %s\n", "", c.Fix)
 			}
 		}
+		if r.Rails != nil {
+			if err := r.Rails.WriteText(stdout); err != nil {
+				fmt.Fprintf(stderr, "fitransfer doctor: %v\n", err)
+				return exitFail
+			}
+		}
 		fmt.Fprintf(stdout, "verdict: %s\n", r.Verdict)
 	}
 	if !r.OK {

@@ -10,20 +10,38 @@ import (
 )
 
 func TestDoctorText(t *testing.T) {
+	t.Setenv("FITRANSFER_RAILS", "")
 	out, stderr, code := runCLI("doctor")
 	require.Equal(t, exitOK, code, stderr+out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.NotEmpty(t, lines)
 	assert.True(t, strings.HasPrefix(lines[len(lines)-1], "verdict: transfers can work"), lines[len(lines)-1])
-	for _, l := range lines[:len(lines)-1] {
+	// The checks, then the rails section (doctor.Rails.WriteText), then
+	// the verdict.
+	section := len(lines) - 1
+	for i, l := range lines {
+		if strings.HasPrefix(l, "rails: ") {
+			section = i
+			break
+		}
+	}
+	for _, l := range lines[:section] {
 		ok := strings.HasPrefix(l, "pass ") || strings.HasPrefix(l, "warn ") ||
 			strings.HasPrefix(l, "fail ") || strings.Contains(l, " fix: ")
 		assert.True(t, ok, "unexpected line %q", l)
 	}
+	require.Less(t, section, len(lines)-1, "no rails section")
+	for _, l := range lines[section+1 : len(lines)-1] {
+		assert.True(t, strings.HasPrefix(l, "  ") || strings.HasPrefix(l, "memory → NIC: "), "unexpected line %q", l)
+	}
 	assert.Regexp(t, `backend-same-node +(cma|shm)`, out)
+	// No EFA here: tcp;ofi_rxm's one rail, without a PCI address.
+	assert.Regexp(t, `(?m)^rails: 1 of tcp;ofi_rxm \(`, out)
+	assert.Contains(t, out, "fi_info gives no PCI address")
 }
 
 func TestDoctorJSON(t *testing.T) {
+	t.Setenv("FITRANSFER_RAILS", "")
 	out, stderr, code := runCLI("doctor", "--json")
 	require.Equal(t, exitOK, code, stderr)
 	var r struct {
@@ -32,12 +50,28 @@ func TestDoctorJSON(t *testing.T) {
 			Locality, Backend, Reason string
 		} `json:"routes"`
 		Checks []struct{ Name, Status, Detail, Fix string } `json:"checks"`
+		Rails  struct {
+			Provider string
+			Rails    []struct{ Rail int }
+			Note     string
+		} `json:"rails"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &r))
 	assert.True(t, r.OK)
 	require.Len(t, r.Routes, 2)
 	assert.Contains(t, []string{"cma", "shm"}, r.Routes[0].Backend)
 	assert.NotEmpty(t, r.Routes[1].Reason)
+	assert.Equal(t, "tcp;ofi_rxm", r.Rails.Provider)
+	assert.Len(t, r.Rails.Rails, 1)
+	assert.Contains(t, r.Rails.Note, "no PCI address")
+}
+
+func TestDoctorBadRails(t *testing.T) {
+	t.Setenv("FITRANSFER_RAILS", "nope0")
+	out, _, code := runCLI("doctor")
+	assert.Equal(t, exitFail, code)
+	assert.Regexp(t, `(?m)^fail +rails +FITRANSFER_RAILS: tcp;ofi_rxm has no domain "nope0"`, out)
+	assert.Contains(t, out, "verdict: no transfer can work: a Manager does not open")
 }
 
 func TestDoctorBadFlag(t *testing.T) {

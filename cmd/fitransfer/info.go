@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/doctor"
 )
 
 // knownProviders are provider names libfabric 1.17–2.x can be built with,
@@ -22,7 +24,7 @@ var knownProviders = []string{
 // infoOptions are info's flags: fi_info's, and --version, --json.
 type infoOptions struct {
 	node, port, src, caps, mode, epType, domain, fabricName, addrFormat, prov, getenv string
-	list, verbose, version, asJSON, env                                               bool
+	list, verbose, version, asJSON, env, rails                                        bool
 }
 
 // infoFlags is info's flag set and the options it fills.
@@ -53,6 +55,7 @@ func infoFlags() (*flag.FlagSet, *infoOptions) {
 	boolean(&o.verbose, "v", "verbose", "verbose output (fi_tostr of every fi_info)")
 	fs.BoolVar(&o.version, "version", false, "print version info and exit")
 	fs.BoolVar(&o.asJSON, "json", false, "print everything as JSON (docs/info-json.md)")
+	fs.BoolVar(&o.rails, "rails", false, "print the rails a Manager opens here and which memory is nearest which NIC, as doctor does (with --json: as JSON); takes no fi_info flag")
 	fs.Usage = defaultUsage(fs, "[flags]  (the flags of fi_info, same meaning)")
 	return fs, o
 }
@@ -70,6 +73,9 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	if o.env && o.asJSON {
 		fmt.Fprintln(stderr, "fitransfer info: --json does not include libfabric's variables; use -e or -g without --json")
 		return exitUsage
+	}
+	if o.rails {
+		return infoRails(fs, o.asJSON, stdout, stderr)
 	}
 	vers := fabric.CurrentVersions()
 	if o.version {
@@ -162,6 +168,39 @@ func runInfo(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fitransfer info: %v\n", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// infoRails is `info --rails`: the rails and memory → NIC mapping of
+// `fitransfer doctor`, without the checks. fi_info's flags filter what
+// fi_getinfo answers, which would not be the rails a Manager opens, so
+// they are refused here.
+func infoRails(fs *flag.FlagSet, asJSON bool, stdout, stderr io.Writer) int {
+	var other []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "rails" && f.Name != "json" {
+			other = append(other, "-"+f.Name)
+		}
+	})
+	if len(other) > 0 {
+		fmt.Fprintf(stderr, "fitransfer info: --rails takes no other flag than --json (got %s)\n", strings.Join(other, " "))
+		return exitUsage
+	}
+	r, err := doctor.RailsHere(fabric.RequireDeviceRMA, fabric.SysfsRoot)
+	if err == nil && asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(r)
+	} else if err == nil {
+		err = r.WriteText(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fitransfer info: %v\n", err)
+		return exitFail
+	}
+	if r.Err != "" {
 		return exitFail
 	}
 	return exitOK

@@ -169,6 +169,42 @@ func TestInfoJSON(t *testing.T) {
 	assert.NotEmpty(t, l.Providers)
 }
 
+// TestInfoRails: --rails prints doctor's rails section, alone; without
+// it info stays fi_info (TestInfoMatchesFiInfo).
+func TestInfoRails(t *testing.T) {
+	t.Setenv("FITRANSFER_RAILS", "")
+	doc, _, _ := runCLI("doctor")
+	out, stderr, code := runCLI("info", "--rails")
+	require.Equal(t, exitOK, code, stderr)
+	// No EFA here: tcp;ofi_rxm's one rail, without a PCI address.
+	assert.Regexp(t, `^rails: 1 of tcp;ofi_rxm \(`, out)
+	assert.Contains(t, out, "fi_info gives no PCI address")
+	assert.Contains(t, doc, out, "the same section as doctor's")
+
+	out, stderr, code = runCLI("info", "--rails", "--json")
+	require.Equal(t, exitOK, code, stderr)
+	var r struct {
+		Provider string `json:"provider"`
+		Rails    []struct {
+			Rail   int    `json:"rail"`
+			Domain string `json:"domain"`
+		} `json:"rails"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	assert.Equal(t, "tcp;ofi_rxm", r.Provider)
+	require.Len(t, r.Rails, 1)
+	assert.NotEmpty(t, r.Rails[0].Domain)
+
+	_, stderr, code = runCLI("info", "--rails", "-p", "efa")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--rails takes no other flag than --json (got -p)")
+
+	t.Setenv("FITRANSFER_RAILS", "nope0")
+	out, _, code = runCLI("info", "--rails")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, out, `rails: none, a Manager does not open: FITRANSFER_RAILS: tcp;ofi_rxm has no domain "nope0"`)
+}
+
 func TestInfoVersion(t *testing.T) {
 	want := fiInfo(t, "--version")
 	got, _, code := runCLI("info", "--version")

@@ -51,6 +51,7 @@ type Report struct {
 	Checks    []Check            `json:"checks"`
 	Routes    []Route            `json:"routes"`
 	EFA       []fabric.EFADevice `json:"efa_devices"`
+	Rails     *Rails             `json:"rails,omitempty"`
 	OK        bool               `json:"ok"`
 	Verdict   string             `json:"verdict"`
 }
@@ -132,8 +133,13 @@ func Run(o Options) Report {
 		}
 		add(c)
 	}
-	r.OK = sameNode.Backend != "" || remote.Backend != ""
+	r.Rails = railsFor(infos, o.Policy, facts, o.SysfsRoot)
+	rails := r.Rails.check()
+	add(rails)
+	r.OK = (sameNode.Backend != "" || remote.Backend != "") && rails.Status != Fail
 	switch {
+	case rails.Status == Fail:
+		r.Verdict = "no transfer can work: a Manager does not open (" + rails.Detail + ")"
 	case sameNode.Backend != "" && remote.Backend != "":
 		r.Verdict = fmt.Sprintf("transfers can work: same node over %s, remote over %s", sameNode.Backend, remote.Backend)
 	case r.OK:

@@ -29,9 +29,10 @@ func byName(r Report) map[string]Check {
 }
 
 func TestRunOnThisMachine(t *testing.T) {
+	t.Setenv(transport.RailsEnv, "")
 	r := Run(Options{})
 	checks := byName(r)
-	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "device-memory", "backend-same-node", "backend-remote"} {
+	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "device-memory", "backend-same-node", "backend-remote", "rails"} {
 		require.Contains(t, checks, name)
 	}
 	// No GPU here: shm answers FI_HMEM hints all the same (1.17 and 2.1),
@@ -58,6 +59,12 @@ func TestRunOnThisMachine(t *testing.T) {
 	}
 	assert.Equal(t, Pass, checks["shm-cma"].Status, checks["shm-cma"].Detail)
 	assert.Contains(t, checks["providers"].Detail, "tcp")
+	// No EFA here: the remote provider is tcp;ofi_rxm, whose one rail has
+	// no PCI address.
+	require.NotNil(t, r.Rails)
+	assert.Equal(t, string(fabric.BackendTCP), r.Rails.Provider)
+	assert.Equal(t, Pass, checks["rails"].Status, checks["rails"].Detail)
+	assert.Contains(t, r.Rails.Note, "no PCI address")
 }
 
 func TestShmSpace(t *testing.T) {

@@ -124,6 +124,21 @@ func (t Tree) rdmaNames() (map[PCIAddr]string, error) {
 	return names, nil
 }
 
+// Accelerators lists the GPUs (PCI class 0x0300, 0x0302) and Neuron
+// devices under Root/bus/pci/devices, in address order; none when the
+// directory is missing. `fitransfer doctor` shows the NICs nearest each.
+func (t Tree) Accelerators() ([]PCIAddr, error) {
+	devs, err := t.accelerators()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PCIAddr, len(devs))
+	for i, d := range devs {
+		out[i] = d.Addr
+	}
+	return out, nil
+}
+
 // accelerators lists the GPUs (PCI class 0x0300 VGA, 0x0302 3D
 // controller) and Neuron devices under Root/bus/pci/devices, in address
 // order. Devices it cannot read are left out.

@@ -58,38 +58,34 @@ func (t Tree) Rank(nics []PCIAddr, mem Location) []int {
 	return order
 }
 
-// Nearest is the NICs that rank first for mem, all those as near as the
-// best (p5: the four NICs of a GPU's switch), in input order; every NIC
-// when nothing is known.
+// Nearest is the head of Rank's order: the NICs Rank puts first and
+// those it ranks equal to them, in Rank's order. For a GPU of a p4d that
+// is the NIC behind its switch; of a p5, the four behind its switch; for
+// host memory, the NICs on its node. With nothing to go by (mem unknown
+// or unreadable, or no NIC nearer than another) it is every NIC.
 func (t Tree) Nearest(nics []PCIAddr, mem Location) []int {
 	order, keys := t.rank(nics, mem)
-	if len(order) == 0 {
-		return order
+	n := 0
+	for n < len(order) && keys[order[n]] == keys[order[0]] {
+		n++
 	}
-	best := keys[order[0]]
-	var out []int
-	for _, i := range order {
-		if keys[i] == best {
-			out = append(out, i)
-		}
-	}
-	sort.Ints(out)
-	return out
+	return order[:n]
 }
 
-// rankKey is how near a NIC is to the memory.
+// rankKey is how near a NIC is to the memory Rank orders for.
 type rankKey struct {
 	shared   int  // bridges shared with the memory's device
 	sameNode bool // on the memory's NUMA node
 }
 
+// rank is Rank's order and each NIC's key (all zero when mem is unknown
+// or its device unreadable).
 func (t Tree) rank(nics []PCIAddr, mem Location) ([]int, []rankKey) {
 	order := make([]int, len(nics))
 	for i := range order {
 		order[i] = i
 	}
-	type key = rankKey
-	keys := make([]key, len(nics))
+	keys := make([]rankKey, len(nics))
 	var memDev Device
 	node := -1
 	switch mem.kind {
@@ -109,7 +105,7 @@ func (t Tree) rank(nics []PCIAddr, mem Location) ([]int, []rankKey) {
 		if err != nil {
 			continue
 		}
-		keys[i] = key{sameNode: node >= 0 && nd.NUMANode == node}
+		keys[i] = rankKey{sameNode: node >= 0 && nd.NUMANode == node}
 		if mem.kind == locDevice {
 			keys[i].shared = sharedBridges(memDev, nd)
 		}

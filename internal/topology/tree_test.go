@@ -62,6 +62,52 @@ func TestRankP4d(t *testing.T) {
 	})
 }
 
+// TestNearest: the head of Rank's order, ties included.
+func TestNearest(t *testing.T) {
+	near := func(tr Tree, nics []PCIAddr, mem Location) []string {
+		var out []string
+		for _, i := range tr.Nearest(nics, mem) {
+			out = append(out, nics[i].String())
+		}
+		return out
+	}
+	t.Run("p4d.24xlarge", func(t *testing.T) {
+		tr := Tree{Root: loadSysfs(t, "p4d.24xlarge")}
+		nics := addrs(t, p4dNICs...)
+		a, b, c, d := p4dNICs[0], p4dNICs[1], p4dNICs[2], p4dNICs[3]
+		assert.Equal(t, []string{a}, near(tr, nics, DeviceMemory(addr(t, "0000:10:1c.0"))))
+		assert.Equal(t, []string{d}, near(tr, nics, DeviceMemory(addr(t, "0000:a0:1d.0"))))
+		assert.Equal(t, []string{a, b}, near(tr, nics, HostMemory(0)))
+		assert.Equal(t, []string{c, d}, near(tr, nics, HostMemory(1)))
+		assert.Equal(t, []string{a, b, c, d}, near(tr, nics, HostMemory(2)), "no NIC on the node: none is nearer")
+		assert.Equal(t, []string{a, b, c, d}, near(tr, nics, Location{}))
+		assert.Empty(t, tr.Nearest(nil, HostMemory(0)))
+	})
+	t.Run("p5.48xlarge", func(t *testing.T) {
+		tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+		all := p5NICs()
+		nics := addrs(t, all...)
+		for _, sw := range p5Switches {
+			assert.Equal(t, sw.nics, near(tr, nics, DeviceMemory(addr(t, sw.gpu))), "GPU %s", sw.gpu)
+		}
+		assert.Equal(t, all[:16], near(tr, nics, HostMemory(0)))
+	})
+}
+
+func TestAccelerators(t *testing.T) {
+	got, err := Tree{Root: loadSysfs(t, "p4d.24xlarge")}.Accelerators()
+	require.NoError(t, err)
+	var gpus []PCIAddr
+	for _, bus := range []string{"10", "20", "90", "a0"} {
+		gpus = append(gpus, addrs(t, "0000:"+bus+":1c.0", "0000:"+bus+":1d.0")...)
+	}
+	assert.Equal(t, gpus, got, "the eight A100s, NICs left out")
+
+	got, err = Tree{Root: t.TempDir()}.Accelerators()
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}
+
 // p5.48xlarge: eight PCIe switches, each with one H100 and four EFA NICs;
 // switches 0-3 on NUMA node 0, 4-7 on node 1 (testdata/README.md).
 var p5Switches = []struct {
@@ -80,13 +126,18 @@ var p5Switches = []struct {
 	{"0000:bc:00.0", "0000:ca:00.0", []string{"0000:c6:00.0", "0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0"}, 1},
 }
 
-func TestRankP5(t *testing.T) {
-	tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+// p5NICs are the 32 NICs of p5Switches, in switch order.
+func p5NICs() []string {
 	var all []string
 	for _, s := range p5Switches {
 		all = append(all, s.nics...)
 	}
-	nics := addrs(t, all...)
+	return all
+}
+
+func TestRankP5(t *testing.T) {
+	tr := Tree{Root: loadSysfs(t, "p5.48xlarge")}
+	nics := addrs(t, p5NICs()...)
 	// want: the GPU's four NICs, then the other NICs of its node, then
 	// the rest, each group in input order.
 	for _, sw := range p5Switches {
@@ -272,41 +323,4 @@ func relink(t *testing.T, root, dev, target string) {
 	p := filepath.Join(root, "bus/pci/devices", dev)
 	require.NoError(t, os.Remove(p))
 	require.NoError(t, os.Symlink(target, p))
-}
-
-// TestNearest: the NICs as near as the best, which a transfer that is
-// not striped spreads over by peer.
-func TestNearest(t *testing.T) {
-	p4d := Tree{Root: loadSysfs(t, "p4d.24xlarge")}
-	p4dAll := addrs(t, p4dNICs...)
-	p5 := Tree{Root: loadSysfs(t, "p5.48xlarge")}
-	var p5All []string
-	for _, s := range p5Switches {
-		p5All = append(p5All, s.nics...)
-	}
-	p5NICs := addrs(t, p5All...)
-	for _, tc := range []struct {
-		name string
-		tree Tree
-		nics []PCIAddr
-		mem  Location
-		want []int
-	}{
-		{"p4d GPU 20:1d: its switch's NIC", p4d, p4dAll, DeviceMemory(addr(t, "0000:20:1d.0")), []int{1}},
-		{"p4d host node 1: the node's two NICs", p4d, p4dAll, HostMemory(1), []int{2, 3}},
-		{"p4d unknown: every NIC", p4d, p4dAll, Location{}, []int{0, 1, 2, 3}},
-		{"p5 GPU 64:00: its switch's four NICs", p5, p5NICs, DeviceMemory(addr(t, p5Switches[1].gpu)), []int{4, 5, 6, 7}},
-		{"p5 host node 1: the node's sixteen NICs", p5, p5NICs, HostMemory(1),
-			[]int{16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}},
-		{"no NICs", p4d, nil, HostMemory(0), []int{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := tc.tree.Nearest(tc.nics, tc.mem)
-			if len(tc.want) == 0 {
-				assert.Empty(t, got)
-				return
-			}
-			assert.Equal(t, tc.want, got)
-		})
-	}
 }
