@@ -1,0 +1,89 @@
+package transport
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/topology"
+	"github.com/fitransfer/fitransfer/internal/topology/topotest"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// p4dRails is a manager with the four EFA rails of a p4d.24xlarge, on the
+// recorded topology of internal/topology/testdata (no endpoints opened:
+// only the rail choice is under test).
+func p4dRails(t *testing.T) *Manager {
+	m := &Manager{topo: topology.Tree{Root: topotest.LayOut(t, filepath.Join("..", "internal", "topology", "testdata", "p4d.24xlarge.sysfs"))}}
+	bs := &backendSet{}
+	for i, bus := range []uint8{0x10, 0x20, 0x90, 0xa0} {
+		in := fabric.Info{NIC: &fabric.NIC{Bus: &fabric.BusAttr{Type: 1, PCI: &fabric.PCIAttr{BusID: bus, DeviceID: 0x1b}}}}
+		in.Fabric.ProvName = "efa"
+		bs.rails = append(bs.rails, &libfabric.Route{Provider: fabric.BackendEFA, Info: in, Rail: i})
+	}
+	bs.remote = bs.rails[0]
+	m.set.Store(bs)
+	return m
+}
+
+// TestRailAffinity: an op that is not striped takes a rail nearest its
+// memory — the GPU's switch's NIC, the host node's NICs — spread by owner
+// among equally near ones, and another rail while those are down.
+func TestRailAffinity(t *testing.T) {
+	m := p4dRails(t)
+	host, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	defer mr.Free(host)
+	host[0] = 1 // resident: its node is known
+	node, err := topology.HostNode(host)
+	require.NoError(t, err)
+	require.Equal(t, 0, node, "this machine's memory is on node 0")
+
+	owners := func(near []int) map[int]bool {
+		seen := map[int]bool{}
+		for o := byte(0); o < 64; o++ {
+			seen[m.pickRail(&RemoteBuffer{owner: ID{o, o * 7, 3, 1, 9, 2, o, 5}}, near)] = true
+		}
+		return seen
+	}
+	for _, tc := range []struct {
+		name string
+		st   *bufState
+		near []int
+	}{
+		{"GPU 0000:90:1c.0: the NIC of its switch", &bufState{iface: mr.CUDA, devicePCI: "0000:90:1c.0"}, []int{2}},
+		{"GPU 0000:20:1d.0", &bufState{iface: mr.CUDA, devicePCI: "0000:20:1d.0"}, []int{1}},
+		{"host memory on node 0: the node's two NICs", &bufState{iface: mr.Host, mem: host}, []int{0, 1}},
+		{"GPU without a PCI address: every rail", &bufState{iface: mr.CUDA}, nil},
+		{"GPU address that does not parse: every rail", &bufState{iface: mr.CUDA, devicePCI: "10:1c"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			near := m.nearRails(tc.st)
+			assert.Equal(t, tc.near, near)
+			want := map[int]bool{0: true, 1: true, 2: true, 3: true}
+			if near != nil {
+				want = map[int]bool{}
+				for _, r := range near {
+					want[r] = true
+				}
+			}
+			assert.Equal(t, want, owners(near), "owners spread over the nearest rails, and only those")
+		})
+	}
+	t.Run("nearest rails down: the others", func(t *testing.T) {
+		m.health(0).down.Store(true)
+		m.health(1).down.Store(true)
+		defer m.health(0).down.Store(false)
+		defer m.health(1).down.Store(false)
+		assert.Equal(t, map[int]bool{2: true, 3: true}, owners([]int{0, 1}))
+	})
+	t.Run("no PCI addresses (tcp): every rail", func(t *testing.T) {
+		m := p4dRails(t)
+		m.backends().rails[3].Info.NIC = nil
+		assert.Nil(t, m.nearRails(&bufState{iface: mr.Host, mem: host}))
+	})
+}
