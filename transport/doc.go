@@ -39,6 +39,21 @@
 // (32 MiB), whose single-copy path copies inside libfabric's post calls;
 // tcp;ofi_rxm and efa ops end at the deadline itself.
 //
+// # Rails
+//
+// The remote provider's domains (NICs) are the manager's rails: every
+// domain of efa, the domains of tcp;ofi_rxm that WithRails or
+// FITRANSFER_RAILS name (Rails reports them). A transfer of at least
+// 1 MiB toward an owner reached over them is striped, one piece per rail
+// up, sized by link speed and what each rail has queued; a smaller one
+// takes one rail near its memory, spread by owner. A rail that fails, or
+// has ops out and completes none for a while, is taken out of use: its
+// endpoint is closed, which ends whatever it still had in flight, and its
+// pieces go over the other rails — nil still means every byte arrived.
+// A piece of a later transfer probes it (at most every second) and brings
+// it back. When every rail failed, the transfer fails with ErrNoRail,
+// wrapping the errors seen, within its deadline.
+//
 // # Errors
 //
 // Whatever the route, errors.Is answers the same classes: ErrPeerGone,
