@@ -43,6 +43,9 @@ type Manager struct {
 	railsOnce sync.Once
 	railState []railHealth  // per rail (health)
 	topo      topology.Tree // where the rails' NICs and the memory sit (nearRails)
+	probeOnce sync.Once     // makes probeBuf, where rail probes read into
+	probeBuf  *Buffer
+	probeErr  error
 
 	// guardDirect: shm handle checks read the owner's guard entry with
 	// process_vm_readv themselves where shm would (shmCheckDirect).

@@ -36,10 +36,11 @@ const (
 	railWatchEvery  = 50 * time.Millisecond
 	railStallFactor = 4
 	defaultRailRate = 10e6 // bytes per second
-	// A rail that failed is probed, with a small piece of a transfer, at
+	// A rail that failed is probed — a read of probeSize bytes of a
+	// transfer's remote buffer into the manager's own probe buffer — at
 	// most every railProbeEvery.
 	railProbeEvery = time.Second
-	probeSize      = stripeAlign
+	probeSize      = 4 << 10
 )
 
 // ErrNoRail: every rail of the remote provider failed during the
@@ -62,6 +63,7 @@ type Rail struct {
 type railHealth struct {
 	down      atomic.Bool
 	probedAt  atomic.Int64 // UnixNano of the last probe (or failure)
+	probing   atomic.Bool
 	bytes     atomic.Uint64
 	queued    atomic.Int64  // bytes of pieces in flight on it
 	rate      atomic.Uint64 // math.Float64bits of bytes per second seen; 0: none yet
@@ -316,8 +318,7 @@ type piece struct {
 	spec  int // index of its op in the request
 	off   uint64
 	n     uint64
-	rail  int
-	probe bool
+	rail int
 }
 
 // onRemoteRails reports whether any op of the request goes over the
@@ -361,7 +362,7 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 			pieces = append(pieces, piece{spec: i, n: ops[i].remote.n, rail: -1})
 			continue
 		}
-		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n, true)
+		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n)
 	}
 	var last error
 	for round := 0; ; round++ {
@@ -382,7 +383,7 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 		}
 		pieces = pieces[:0]
 		for _, p := range redo {
-			pieces = m.split(pieces, p.spec, &ops[p.spec], p.off, p.n, false)
+			pieces = m.split(pieces, p.spec, &ops[p.spec], p.off, p.n)
 		}
 	}
 }
@@ -439,16 +440,13 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 				}
 				h.rate.Store(math.Float64bits(seen))
 			}
-			if p.probe {
-				m.railUp(p.rail)
-			}
 			continue
 		}
 		if !m.railFault(s.fail) || ctx.Err() != nil {
 			hard = true
 			continue
 		}
-		m.railFailed(p.rail, s.fail)
+		m.railFailed(p.rail, s.b, s.fail)
 		redo = append(redo, p)
 	}
 	if err == nil {
@@ -491,7 +489,7 @@ func (m *Manager) watchRails(perRail map[int]uint64, stop <-chan struct{}, done 
 				case completed != w.last || posted == completed:
 					w.last, w.since = completed, now
 				case now.Sub(w.since) > m.stallAfter(w.rail, w.b):
-					m.railFailed(w.rail, fmt.Errorf("%w: rail %d (%s) completed none of its %d ops in flight for %v",
+					m.railFailed(w.rail, w.b, fmt.Errorf("%w: rail %d (%s) completed none of its %d ops in flight for %v",
 						ErrTimeout, w.rail, w.b.Info.Domain.Name, posted-completed, now.Sub(w.since).Round(time.Millisecond)))
 					w.since = now.Add(time.Hour) // judged once
 				}
@@ -525,10 +523,10 @@ func (m *Manager) railFault(err error) bool {
 }
 
 // split appends the pieces of bytes [off, off+n) of op i: one, on the rail
-// pickRail chooses, below stripeMin; else one per rail up (plus a probe of
-// each failed rail due one, when probe), sized so that each rail's queue
+// pickRail chooses, below stripeMin; else one per rail up, sized so that
+// each rail's queue
 // — what it has in flight plus its piece — is in proportion to its speed.
-func (m *Manager) split(out []piece, i int, o *opSpec, off, n uint64, probe bool) []piece {
+func (m *Manager) split(out []piece, i int, o *opSpec, off, n uint64) []piece {
 	bs := m.backends()
 	var up []int
 	for r := range bs.rails {
@@ -537,10 +535,8 @@ func (m *Manager) split(out []piece, i int, o *opSpec, off, n uint64, probe bool
 			up = append(up, r)
 			continue
 		}
-		now := time.Now().UnixNano()
-		if at := h.probedAt.Load(); probe && n >= 2*probeSize && now-at > int64(railProbeEvery) && h.probedAt.CompareAndSwap(at, now) {
-			out = append(out, piece{spec: i, off: off, n: probeSize, rail: r, probe: true})
-			off, n = off+probeSize, n-probeSize
+		if time.Now().UnixNano()-h.probedAt.Load() > int64(railProbeEvery) {
+			m.probeRail(r, o.remote)
 		}
 	}
 	if len(up) == 0 {
@@ -613,6 +609,40 @@ func (m *Manager) railErrors() string {
 	return strings.Join(out, "; ")
 }
 
+// probeRail probes rail i, which is down, in the background: it reads
+// the first bytes of r (a buffer a transfer is about to use) over the
+// rail into the manager's probe buffer — so that a late completion lands
+// there, never in a buffer of the user's — within the rail's stall
+// time. The rail is back in use when the read goes through. Buffers
+// peers may not read are not probed with.
+func (m *Manager) probeRail(i int, r RemoteBuffer) {
+	h := m.health(i)
+	if !r.access.Allows(mr.RemoteRead) || r.n == 0 || !h.probing.CompareAndSwap(false, true) {
+		return
+	}
+	h.probedAt.Store(time.Now().UnixNano())
+	go func() {
+		defer h.probing.Store(false)
+		m.probeOnce.Do(func() { m.probeBuf, m.probeErr = m.Alloc(probeSize, 0) })
+		if m.probeErr != nil {
+			return
+		}
+		b := m.backends().rails[i]
+		ctx, cancel := context.WithTimeout(context.Background(), m.stallAfter(i, b))
+		defer cancel()
+		src, _ := r.Slice(0, min(r.n, probeSize))
+		ops := [1]opSpec{{op: progress.Read, local: view{m.probeBuf.st, 0, src.n}, remote: src, pin: i + 1}}
+		err := m.execute(ctx, "probe", ops[:])
+		h.probedAt.Store(time.Now().UnixNano())
+		switch {
+		case err == nil:
+			m.railUp(i)
+		case ops[0].fail != nil && m.railFault(ops[0].fail):
+			m.railFailed(i, ops[0].b, ops[0].fail) // a stalled probe closes the endpoint it is on
+		}
+	}()
+}
+
 // railUp puts rail i back in use after a probe went through it.
 func (m *Manager) railUp(i int) {
 	if m.health(i).down.CompareAndSwap(true, false) {
@@ -620,12 +650,12 @@ func (m *Manager) railUp(i int) {
 	}
 }
 
-// railFailed takes rail i out of use after a piece failed on it with err.
-// A piece that did not end (it stalled) may still be in flight there and
-// could write its buffer later: the rail's endpoint is then closed, which
-// ends whatever it still had, and a new endpoint takes its place for the
-// probes.
-func (m *Manager) railFailed(i int, err error) {
+// railFailed takes rail i out of use after a piece failed on it, on its
+// endpoint b, with err. A piece that did not end (it stalled) may still
+// be in flight there and could write its buffer later: b is then closed,
+// which ends whatever it still had, and a new endpoint takes its place
+// for the probes.
+func (m *Manager) railFailed(i int, b *libfabric.Route, err error) {
 	h := m.health(i)
 	h.probedAt.Store(time.Now().UnixNano())
 	if h.down.CompareAndSwap(false, true) {
@@ -634,8 +664,8 @@ func (m *Manager) railFailed(i int, err error) {
 		h.failures.Add(1)
 		m.log.Warn().Int("rail", i).Str("domain", m.backends().rails[i].Info.Domain.Name).Err(err).Msg("rail taken out of use")
 	}
-	if errors.Is(err, ErrTimeout) {
-		if rerr := m.replaceRail(m.backends().rails[i]); rerr != nil {
+	if errors.Is(err, ErrTimeout) && b != nil {
+		if rerr := m.replaceRail(b); rerr != nil {
 			m.log.Error().Err(rerr).Int("rail", i).Msg("replacing the endpoint of a stalled rail")
 		}
 	}
