@@ -33,6 +33,9 @@ type BusAttr = ofi.BusAttr
 // PCIAttr is fi_pci_attr: the NIC's PCI address.
 type PCIAttr = ofi.PCIAttr
 
+// LinkAttr is fi_link_attr: the NIC's link, its speed in bits per second.
+type LinkAttr = ofi.LinkAttr
+
 // Addr is an endpoint address with its format.
 type Addr = ofi.Addr
 

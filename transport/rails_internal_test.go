@@ -3,6 +3,7 @@ package transport
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -85,5 +86,61 @@ func TestRailAffinity(t *testing.T) {
 		m := p4dRails(t)
 		m.backends().rails[3].Info.NIC = nil
 		assert.Nil(t, m.nearRails(&bufState{iface: mr.Host, mem: host}))
+	})
+}
+
+// TestSplit: a striped op's pieces cover it exactly, start on 64 KiB
+// multiples, and give each rail up a share in proportion to its link
+// speed, less what it already has queued; below 1 MiB, one piece.
+func TestSplit(t *testing.T) {
+	const gbit = 1e9
+	for _, tc := range []struct {
+		name   string
+		speeds []uint64 // per rail; 0: unknown
+		queued []int64
+		down   []int
+		n      uint64
+		want   []uint64 // bytes per rail
+	}{
+		{"equal rails", []uint64{100 * gbit, 100 * gbit, 100 * gbit, 100 * gbit}, nil, nil, 64 << 20, []uint64{16 << 20, 16 << 20, 16 << 20, 16 << 20}},
+		{"speeds unknown: equal", []uint64{0, 0, 0, 0}, nil, nil, 64 << 20, []uint64{16 << 20, 16 << 20, 16 << 20, 16 << 20}},
+		{"one rail twice as fast", []uint64{200 * gbit, 100 * gbit, 100 * gbit, 100 * gbit}, nil, nil, 50 << 20, []uint64{20 << 20, 10 << 20, 10 << 20, 10 << 20}},
+		{"a rail with a queue gets less", []uint64{0, 0, 0, 0}, []int64{8 << 20, 0, 0, 0}, nil, 56 << 20, []uint64{8 << 20, 16 << 20, 16 << 20, 16 << 20}},
+		{"a rail queued past its share gets none", []uint64{0, 0, 0, 0}, []int64{24 << 20, 0, 0, 0}, nil, 39 << 20, []uint64{0, 13 << 20, 13 << 20, 13 << 20}},
+		{"a rail down gets none", []uint64{0, 0, 0, 0}, nil, []int{1}, 48 << 20, []uint64{16 << 20, 0, 16 << 20, 16 << 20}},
+		{"odd size: the last rail takes the rest", []uint64{0, 0, 0, 0}, nil, nil, 4<<20 + 3, []uint64{1 << 20, 1 << 20, 1 << 20, 1<<20 + 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := p4dRails(t)
+			for i, b := range m.backends().rails {
+				b.Info.NIC.Link = &fabric.LinkAttr{Speed: tc.speeds[i]}
+				if tc.queued != nil {
+					m.health(i).queued.Store(tc.queued[i])
+				}
+			}
+			for _, r := range tc.down {
+				m.health(r).down.Store(true)
+				m.health(r).probedAt.Store(time.Now().UnixNano()) // not due for a probe
+			}
+			o := &opSpec{remote: RemoteBuffer{n: tc.n, access: mr.RemoteWrite}}
+			pieces := m.split(nil, 0, o, 0, tc.n)
+			got := make([]uint64, 4)
+			at := uint64(0)
+			for _, p := range pieces {
+				assert.Equal(t, at, p.off, "pieces are contiguous")
+				assert.Zero(t, p.off%stripeAlign, "piece at %d", p.off)
+				got[p.rail] += p.n
+				at += p.n
+			}
+			assert.Equal(t, tc.n, at, "pieces cover the op")
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	t.Run("below 1 MiB: one piece", func(t *testing.T) {
+		m := p4dRails(t)
+		o := &opSpec{remote: RemoteBuffer{n: stripeMin - 1}, local: view{st: &bufState{}}}
+		pieces := m.split(nil, 0, o, 0, stripeMin-1)
+		require.Len(t, pieces, 1)
+		assert.Equal(t, uint64(stripeMin-1), pieces[0].n)
 	})
 }
