@@ -312,6 +312,13 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 	n := strconv.FormatUint(size, 10)
 	cmd := exec.Command(exe, "serve", "--listen", "127.0.0.1:0", "-p", prov, "--size", n, "--max-memory", n)
 	cmd.Stderr = stderr
+	return startServeCmd(cmd, "local "+prov)
+}
+
+// startServeCmd starts cmd, a `fitransfer serve` (what names it in
+// errors), and returns the address its first line says it listens on,
+// and a func that stops it.
+func startServeCmd(cmd *exec.Cmd, what string) (string, func(), error) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", nil, err
@@ -344,10 +351,10 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 			return f[2], stop, nil
 		}
 		stop()
-		return "", nil, fmt.Errorf("local %s server did not start (%q)", prov, l)
+		return "", nil, fmt.Errorf("%s server did not start (%q)", what, l)
 	case <-time.After(30 * time.Second):
 		stop()
-		return "", nil, fmt.Errorf("local %s server did not start within 30s", prov)
+		return "", nil, fmt.Errorf("%s server did not start within 30s", what)
 	}
 }
 
