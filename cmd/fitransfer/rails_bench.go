@@ -21,8 +21,9 @@ import (
 )
 
 // defaultRailRate is each link's rate in `bench --rails`: four such links
-// carry a tenth of what tcp;ofi_rxm moves over one unlimited veth on the
-// 2-core machine of docs/PERFORMANCE.md, so the links stay the limit.
+// carry a fifth to a tenth of what tcp;ofi_rxm moves over one unlimited
+// veth on the 2-core machine of docs/PERFORMANCE.md, so the links stay
+// the limit.
 const defaultRailRate = "400mbit"
 
 // railRowTime is how long a 1-rail row's timed part takes at the link
