@@ -77,9 +77,13 @@ demo: build
 
 # fitransfer's own sweep next to the peer tools, in the same run:
 # fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong when
-# FABTESTS_BIN names a directory holding them. Then the Go benchmarks.
+# FABTESTS_BIN names a directory holding them. Then, as root, tcp over
+# 1 and over 4 rate-limited links between two network namespaces (bench
+# --rails, docs/PERFORMANCE.md). Then the Go benchmarks.
 bench: build
 	./$(BIN) bench --compare --repeat 3
+	if [ "$$(id -u)" = 0 ]; then ./$(BIN) bench --rails 4 --repeat 3; \
+	else echo "make bench: skipping bench --rails 4 (network namespaces need root)"; fi
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
 
 # The reliability runs (docs/RELIABILITY.md): a minute of random

@@ -65,6 +65,8 @@ type benchOptions struct {
 	timeout   time.Duration
 	repeat    int
 	idle      time.Duration
+	rails     int
+	railRate  string
 }
 
 // benchFlags is bench's flag set and the options it fills.
@@ -83,6 +85,8 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
 	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options, and per route the first 8 B read after each fifth of it (lines after the table; behind \"# \" with --csv); 0 skips it")
 	fs.IntVar(&o.repeat, "repeat", 1, "run every measurement this many times and keep the median (MB/sec), for ours and the peer tools alike; with --compare each of our runs is followed by the peer tool's")
+	fs.IntVar(&o.rails, "rails", 0, "instead of the sweep, build two network namespaces joined by this many veth links (root), and print tcp;ofi_rxm read and write bandwidth over 1 link and over all of them side by side (default sizes 1m,4m,16m)")
+	fs.StringVar(&o.railRate, "rail-rate", defaultRailRate, "with --rails: each link's rate in each direction (tc tbf; kbit, mbit or gbit), low enough that the links, not the CPU, are the limit")
 	fs.Usage = defaultUsage(fs, "[flags]")
 	return fs, o
 }
@@ -91,6 +95,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs, o := benchFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code
+	}
+	if o.rails != 0 {
+		return runRailsBench(fs, o, stdout, stderr)
 	}
 	sz, err := perftest.ParseSizes(o.sizes)
 	if err != nil {
@@ -312,6 +319,13 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 	n := strconv.FormatUint(size, 10)
 	cmd := exec.Command(exe, "serve", "--listen", "127.0.0.1:0", "-p", prov, "--size", n, "--max-memory", n)
 	cmd.Stderr = stderr
+	return startServeCmd(cmd, "local "+prov)
+}
+
+// startServeCmd starts cmd, a `fitransfer serve` (what names it in
+// errors), and returns the address its first line says it listens on,
+// and a func that stops it.
+func startServeCmd(cmd *exec.Cmd, what string) (string, func(), error) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", nil, err
@@ -344,10 +358,10 @@ func startLocalServer(prov string, size uint64, stderr io.Writer) (string, func(
 			return f[2], stop, nil
 		}
 		stop()
-		return "", nil, fmt.Errorf("local %s server did not start (%q)", prov, l)
+		return "", nil, fmt.Errorf("%s server did not start (%q)", what, l)
 	case <-time.After(30 * time.Second):
 		stop()
-		return "", nil, fmt.Errorf("local %s server did not start within 30s", prov)
+		return "", nil, fmt.Errorf("%s server did not start within 30s", what)
 	}
 }
 
@@ -398,19 +412,26 @@ func printBench(w io.Writer, rows []benchRow, asCSV, compare bool, repeat int) {
 		}
 		return l
 	}
+	var lines [][]string
+	for _, r := range rows {
+		lines = append(lines, line(r))
+	}
+	writeTable(w, head, lines, asCSV)
+}
+
+// writeTable prints head and lines as CSV, or as a table with the
+// columns aligned right.
+func writeTable(w io.Writer, head []string, lines [][]string, asCSV bool) {
 	if asCSV {
 		cw := csv.NewWriter(w)
 		_ = cw.Write(head)
-		for _, r := range rows {
-			_ = cw.Write(line(r))
-		}
-		cw.Flush()
+		_ = cw.WriteAll(lines)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(line(r), "\t")+"\t")
+	for _, l := range lines {
+		fmt.Fprintln(tw, strings.Join(l, "\t")+"\t")
 	}
 	tw.Flush()
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/csv"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -295,4 +297,67 @@ func TestParseStatCPU(t *testing.T) {
 	assert.Equal(t, 168*10*time.Millisecond, d)
 	_, err = parseStatCPU("4242 (x) S 1")
 	assert.Error(t, err)
+}
+
+// TestBenchRails runs `bench --rails 2` on a small lab: one row per op
+// and size, each with the 1-rail and 2-rail figures, their ratio and the
+// verdict, and the bytes each link carried. Its structure, not its
+// speed: the figures are the measurement's, not the test's.
+func TestBenchRails(t *testing.T) {
+	testenv.RequireRoot(t)
+	t.Setenv(asCLI, "1") // the bench's serve and clients are this test binary
+	out, errOut, code := runCLI("bench", "--rails", "2", "--rail-rate", "100mbit", "-S", "1m,64k", "-I", "4", "-w", "1",
+		"--repeat", "2", "--csv", "--timeout", "20s")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	r := csv.NewReader(strings.NewReader(out))
+	r.Comment = '#'
+	recs, err := r.ReadAll()
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "# 2 veth links at 100mbit each way", out)
+	require.Len(t, recs, 5, out) // head, read and write of 1m and 64k
+	assert.Equal(t, []string{"test", "bytes", "iters", "window", "1-rail MB/sec", "2-rail MB/sec", "ratio", "ratio range", ">= 0.9", "2-rail link MB"}, recs[0])
+	var got []string
+	for _, rec := range recs[1:] {
+		got = append(got, rec[0]+" "+rec[1]+" "+rec[2])
+		num := func(v string) float64 {
+			x, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err, "%q in %v", v, rec)
+			return x
+		}
+		num(rec[4]) // 1-rail MB/sec
+		num(rec[5]) // 2-rail MB/sec
+		lo, hi, ok := strings.Cut(rec[7], "-")
+		require.True(t, ok, "ratio range %q", rec[7])
+		assert.LessOrEqual(t, num(lo), num(rec[6]), "the median ratio is within the range: %v", rec)
+		assert.GreaterOrEqual(t, num(hi), num(rec[6]), "the median ratio is within the range: %v", rec)
+		assert.Regexp(t, `^\d+/\d+$`, rec[9], "what each link carried")
+		if rec[1] == "1m" {
+			assert.Contains(t, []string{"yes", "no"}, rec[8])
+		} else {
+			assert.Equal(t, "-", rec[8], "no target below 1 MiB")
+		}
+	}
+	assert.Equal(t, []string{"read 1m 4", "read 64k 4", "write 1m 4", "write 64k 4"}, got)
+	ns, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	assert.NotRegexp(t, fmt.Sprintf(`(?m)^ftl[ab]%d[a-z] `, os.Getpid()%100000), string(ns), "the lab (netlab names it by pid) is gone")
+}
+
+// TestBenchRailsFlags: flags that do not fit --rails are usage errors,
+// and --rail-rate reads tc's rates.
+func TestBenchRailsFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--rails", "1"},
+		{"--rails", "2", "--compare"},
+		{"--rails", "2", "--ops", "pingpong"},
+		{"--rails", "2", "--rail-rate", "50mbps"},
+	} {
+		_, errOut, code := runCLI(append([]string{"bench"}, args...)...)
+		assert.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+	}
+	for in, want := range map[string]float64{"400mbit": 50e6, "1gbit": 125e6, "1.5kbit": 187.5, "8bit": 1} {
+		got, err := parseRate(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
 }
