@@ -36,14 +36,14 @@ type bufState struct {
 	devicePCI string
 	nearOnce  sync.Once
 	near      []int
-	access mr.Access
-	mrsMu  sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode)
-	mrs    []*fabric.MR // per backend index
-	eps    []remoteEP   // the handle's endpoints
-	guard  uint32       // shm guard slot
-	hasGrd bool
-	shared bool // peers may map it (the mem route): a whole mr.Alloc allocation they may read
-	owned  bool // Manager.Alloc's: the memory goes with the registration
+	access    mr.Access
+	mrsMu     sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode)
+	mrs       []*fabric.MR // per backend index
+	eps       []remoteEP   // the handle's endpoints
+	guard     uint32       // shm guard slot
+	hasGrd    bool
+	shared    bool // peers may map it (the mem route): a whole mr.Alloc allocation they may read
+	owned     bool // Manager.Alloc's: the memory goes with the registration
 	// kept: a peer still copied with the memory when Close stopped
 	// waiting; it is never freed. Under mu.
 	kept bool

@@ -27,19 +27,25 @@ func sampleHandle() RemoteBuffer {
 	}
 }
 
-func TestHandleRoundTrip(t *testing.T) {
-	h := sampleHandle()
+// roundTrip checks that h survives its binary and its JSON form, and
+// returns the JSON.
+func roundTrip(t *testing.T, h RemoteBuffer) []byte {
+	t.Helper()
 	b, err := h.MarshalBinary()
 	require.NoError(t, err)
 	var back RemoteBuffer
 	require.NoError(t, back.UnmarshalBinary(b))
 	assert.Equal(t, h, back)
-
 	j, err := json.Marshal(h)
 	require.NoError(t, err)
 	var fromJSON RemoteBuffer
 	require.NoError(t, json.Unmarshal(j, &fromJSON))
 	assert.Equal(t, h, fromJSON)
+	return j
+}
+
+func TestHandleRoundTrip(t *testing.T) {
+	j := roundTrip(t, sampleHandle())
 	assert.Contains(t, string(j), `"provider":"tcp;ofi_rxm"`)
 	assert.Contains(t, string(j), `"access":["remote_read","remote_write"]`)
 }
@@ -111,27 +117,18 @@ func railHandle() RemoteBuffer {
 
 func TestHandleRails(t *testing.T) {
 	h := railHandle()
-	b, err := h.MarshalBinary()
-	require.NoError(t, err)
-	var back RemoteBuffer
-	require.NoError(t, back.UnmarshalBinary(b))
-	assert.Equal(t, h, back)
-	assert.Equal(t, 4, back.rails("tcp;ofi_rxm"))
-	assert.Equal(t, uint64(0x1236), back.railEP("tcp;ofi_rxm", 2).key)
-	assert.Nil(t, back.railEP("tcp;ofi_rxm", 4))
-
-	j, err := json.Marshal(h)
-	require.NoError(t, err)
+	j := roundTrip(t, h)
+	assert.Equal(t, 4, h.rails("tcp;ofi_rxm"))
+	assert.Equal(t, uint64(0x1236), h.railEP("tcp;ofi_rxm", 2).key)
+	assert.Nil(t, h.railEP("tcp;ofi_rxm", 4))
 	assert.Contains(t, string(j), `"version":3`)
 	assert.Contains(t, string(j), `"provider":"tcp;ofi_rxm","rail":3,`)
-	var fromJSON RemoteBuffer
-	require.NoError(t, json.Unmarshal(j, &fromJSON))
-	assert.Equal(t, h, fromJSON)
 
 	// A version 2 JSON handle had no rails: one that claims some was
 	// not written by fitransfer.
 	v2 := strings.Replace(string(j), `"version":3`, `"version":2`, 1)
-	err = json.Unmarshal([]byte(v2), &fromJSON)
+	var fromJSON RemoteBuffer
+	err := json.Unmarshal([]byte(v2), &fromJSON)
 	assert.ErrorIs(t, err, ErrBadHandle)
 	assert.ErrorContains(t, err, "a rail in a version 2 handle")
 }

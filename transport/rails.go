@@ -315,9 +315,9 @@ func (m *Manager) railPCI() ([]topology.PCIAddr, bool) {
 
 // piece is a part of an op pinned to one rail.
 type piece struct {
-	spec  int // index of its op in the request
-	off   uint64
-	n     uint64
+	spec int // index of its op in the request
+	off  uint64
+	n    uint64
 	rail int
 }
 
