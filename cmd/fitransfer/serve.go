@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -59,7 +60,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--size: %w", err)})
 	}
-	maxMem, err := perftest.ParseSize(o.maxMemory)
+	maxMem, err := parseMaxMemory(o.maxMemory)
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--max-memory: %w", err)})
 	}
@@ -130,4 +131,12 @@ func wildcardHost(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsUnspecified()
+}
+
+// parseMaxMemory reads --max-memory: a size, or 0 for no limit.
+func parseMaxMemory(s string) (uint64, error) {
+	if strings.TrimSpace(s) == "0" {
+		return 0, nil
+	}
+	return perftest.ParseSize(s)
 }

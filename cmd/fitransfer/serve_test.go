@@ -178,3 +178,19 @@ func TestServeListenHostWithoutTCP(t *testing.T) {
 	_, stderr, code := runCLI("read", addr, "-p", "shm", "-S", "4k", "-I", "5", "-v")
 	require.Equal(t, exitOK, code, stderr)
 }
+
+func TestParseMaxMemory(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{{"0", 0, true}, {" 0 ", 0, true}, {"1g", 1 << 30, true}, {"128k", 128 << 10, true}, {"-1", 0, false}, {"x", 0, false}} {
+		got, err := parseMaxMemory(tc.in)
+		if tc.ok {
+			assert.NoError(t, err, tc.in)
+			assert.Equal(t, tc.want, got, tc.in)
+		} else {
+			assert.Error(t, err, tc.in)
+		}
+	}
+}
