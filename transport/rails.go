@@ -347,11 +347,10 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 	if err := ctx.Err(); err != nil {
 		return notStarted(kind, ops, err)
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(m.cfg.timeout)
+	if _, ok := ctx.Deadline(); !ok {
+		// One deadline for every round of the request.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
+		ctx, cancel = context.WithTimeout(ctx, m.cfg.timeout)
 		defer cancel()
 	}
 	bs := m.backends()
