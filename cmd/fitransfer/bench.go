@@ -219,6 +219,7 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		}
 		var ours [][]perftest.Row
 		var theirs [][]peerResult
+		var plain [][]peerResult // writes: fi_rma_bw without -U too (peerTools.plainWrite)
 		for i := 0; i < repeat; i++ {
 			r, err := benchOnce(ctx, prov, mode, sizes, iters, warmup, window, timeout, stderr)
 			if err != nil {
@@ -232,14 +233,24 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 			}
 			ours = append(ours, r)
 			if peers != nil {
-				pr := make([]peerResult, len(r))
+				pr, pl := make([]peerResult, len(r)), make([]peerResult, len(r))
 				for k := range r {
-					pr[k] = peers.run(ctx, r[k])
+					pr[k] = peers.run(ctx, r[k], false)
+					if peers.plainWrite(r[k]) {
+						pl[k] = peers.run(ctx, r[k], true)
+					}
 				}
-				theirs = append(theirs, pr)
+				theirs, plain = append(theirs, pr), append(plain, pl)
 			}
 		}
 		rows = append(rows, aggregate(ours, theirs)...)
+		if peers != nil {
+			for _, row := range aggregate(ours, plain) {
+				if row.Peer != "" {
+					rows = append(rows, row)
+				}
+			}
+		}
 	}
 	return rows, nil
 }
@@ -470,11 +481,34 @@ type peerResult struct {
 	err        error
 }
 
-func (p *peerTools) run(ctx context.Context, r perftest.Row) peerResult {
+// plainWriteMin: writes from this size on are also compared with
+// fi_rma_bw without -U (transmit complete; on shm, CMA underneath), the
+// way fabtests measures them by default.
+const plainWriteMin = 64 << 10
+
+// plainWrite reports whether r, a row of ours, is also compared with
+// fi_rma_bw without -U.
+func (p *peerTools) plainWrite(r perftest.Row) bool {
+	return p.fabtestsDir != "" && r.Op == "write" && r.Bytes >= plainWriteMin
+}
+
+// run measures with the peer tool what r measured; plain: a write
+// without -U (plainWrite).
+func (p *peerTools) run(ctx context.Context, r perftest.Row, plain bool) peerResult {
+	tool, args, name := p.command(r, plain)
+	if tool == "" {
+		return peerResult{} // no peer tool measures RMA bandwidth without fabtests
+	}
+	res := peerResult{tool: name}
+	res.mbps, res.usec, res.err = runPeerTool(ctx, tool, args, p.timeout)
+	return res
+}
+
+// command is the peer tool's command line for what r measured, and how
+// the table names it; "" when no peer tool measures it here.
+func (p *peerTools) command(r perftest.Row, plain bool) (tool string, args []string, name string) {
 	n := r.Iters
 	size := strconv.FormatUint(r.Bytes, 10)
-	var tool string
-	var args []string
 	switch {
 	case r.Op == "pingpong" && p.fabtestsDir != "":
 		tool, args = filepath.Join(p.fabtestsDir, "fi_rdm_pingpong"), []string{"-S", size, "-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
@@ -483,27 +517,24 @@ func (p *peerTools) run(ctx context.Context, r perftest.Row) peerResult {
 	case p.fabtestsDir != "":
 		tool, args = filepath.Join(p.fabtestsDir, "fi_rma_bw"), []string{"-e", "rdm", "-o", r.Op, "-S", size,
 			"-W", strconv.Itoa(p.window), "-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
-		if r.Op == "write" {
-			// fitransfer's writes are each delivery complete and signaled.
-			// -U alone does not make fi_rma_bw's the same: it posts writes
-			// under the inject size with fi_inject_write, which has no
-			// completion at all; -j 0 turns that off.
-			args = append(args, "-U", "-j", "0")
-		}
 	default:
-		return peerResult{} // no peer tool measures RMA bandwidth without fabtests
+		return "", nil, ""
 	}
-	res := peerResult{tool: filepath.Base(tool)}
-	if r.Op == "write" && p.fabtestsDir != "" {
-		res.tool += " -U -j 0"
+	name = filepath.Base(tool)
+	if r.Op == "write" && p.fabtestsDir != "" && !plain {
+		// fitransfer's writes are each delivery complete and signaled.
+		// -U alone does not make fi_rma_bw's the same: it posts writes
+		// under the inject size with fi_inject_write, which has no
+		// completion at all; -j 0 turns that off.
+		args = append(args, "-U", "-j", "0")
+		name += " -U -j 0"
 	}
 	prov := r.Provider
 	if prov == "cma" || prov == "mem" {
 		prov = "shm" // the peer tools' same-node provider
-		res.tool += " (shm)"
+		name += " (shm)"
 	}
-	res.mbps, res.usec, res.err = runPeerTool(ctx, tool, append([]string{"-p", prov}, args...), p.timeout)
-	return res
+	return tool, append([]string{"-p", prov}, args...), name
 }
 
 // runPeerTool runs a fabtests-style tool as server and client on
