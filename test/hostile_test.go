@@ -172,5 +172,5 @@ func TestUnknownVersion(t *testing.T) {
 	var r transport.RemoteBuffer
 	err = r.UnmarshalBinary(h)
 	require.True(t, errors.Is(err, transport.ErrBadHandle))
-	assert.Contains(t, err.Error(), "format version 7; this fitransfer reads version 1")
+	assert.Contains(t, err.Error(), "format version 7; this fitransfer reads versions 1 and 2")
 }

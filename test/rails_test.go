@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/internal/netlab"
 	"github.com/fitransfer/fitransfer/internal/testenv"
@@ -51,7 +53,7 @@ func TestRails(t *testing.T) {
 	t.Cleanup(func() { _ = lab.Close() })
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	for _, name := range []string{"stripe", "cut-one", "cut-all"} {
+	for _, name := range []string{"stripe", "stale", "cut-one", "late-write", "cut-all"} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command("ip", "netns", "exec", lab.A, exe, "-test.run=^TestRails$/^"+name+"$", "-test.v", "-test.count=1")
 			for _, kv := range os.Environ() {
@@ -107,6 +109,25 @@ func runInLab(t *testing.T, spec string) {
 		for _, r := range c.m.Rails() {
 			assert.True(t, r.Up, "rail %d", r.Rail)
 			assert.Positive(t, r.Bytes, "rail %d carried nothing", r.Rail)
+		}
+	})
+	t.Run("stale", func(t *testing.T) {
+		// A striped read of a buffer its owner closed fails as a stale
+		// handle — the owner's refusal, not the rails' — and takes no
+		// rail out of use.
+		c := newCase(t)
+		w := c.newWorker(t, 1, 16<<20)
+		require.NoError(t, w.op())
+		c.peerMu.Lock()
+		c.peer.CloseBuf(w.buf)
+		c.peerMu.Unlock()
+		err := c.m.ReadInto(context.Background(), w.reg, w.remote)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, transport.ErrStaleHandle)
+		assert.NotErrorIs(t, err, transport.ErrNoRail)
+		for _, r := range c.m.Rails() {
+			assert.True(t, r.Up, "rail %d", r.Rail)
+			assert.Zero(t, r.Failures, "rail %d", r.Rail)
 		}
 	})
 	t.Run("cut-one", func(t *testing.T) {
@@ -171,6 +192,39 @@ func runInLab(t *testing.T, spec string) {
 		close(done)
 		wg.Wait()
 		ok()
+	})
+	t.Run("late-write", func(t *testing.T) {
+		// A write whose rail is cut under it is redone over the others
+		// and returns nil; what the cut rail's sockets still queued must
+		// never reach the owner — not even when the link comes back,
+		// after a newer write to the same bytes returned.
+		c := newCase(t)
+		const cut = 1
+		w := c.newWorker(t, 1, 64<<20)
+		writeAll := func() {
+			t.Helper()
+			fillRandom(w.rng, w.local)
+			require.NoError(t, c.m.WriteFrom(context.Background(), w.remote, w.reg))
+			copy(w.shadow, w.local)
+			require.Equal(t, testpeer.Sum(w.shadow), c.sum(w.buf, w.shadow), "the owner's bytes after a nil write")
+		}
+		got := make(chan error, 1)
+		fillRandom(w.rng, w.local)
+		go func() { got <- c.m.WriteFrom(context.Background(), w.remote, w.reg) }()
+		c.waitTraffic(t, cut)
+		require.NoError(t, c.lab.Cut(cut))
+		t.Cleanup(func() { _ = c.lab.Restore(cut) })
+		require.NoError(t, <-got, "the write goes on over the rails left")
+		copy(w.shadow, w.local)
+		require.Equal(t, testpeer.Sum(w.shadow), c.sum(w.buf, w.shadow))
+		require.Positive(t, c.m.Rails()[cut].Failures)
+		writeAll() // newer bytes, over the three rails left
+		require.NoError(t, c.lab.Restore(cut))
+		// Readiness: every socket of this process on the restored link
+		// has nothing left to send (sent and acknowledged, or aborted).
+		waitFor(t, "the restored link's sockets to drain", func() bool { return queuedOn(t, c.lab.AddrA(cut)) == 0 })
+		assert.Equal(t, testpeer.Sum(w.shadow), c.sum(w.buf, w.shadow),
+			"VIOLATION: the owner's bytes changed after the newer write returned nil (the cut rail's queued data arrived late)")
 	})
 	t.Run("cut-all", func(t *testing.T) {
 		c := newCase(t)
@@ -285,6 +339,44 @@ func (w *railWorker) op() error {
 		return fmt.Errorf("VIOLATION: write of %d bytes at %d returned nil, but the owner's bytes differ", n, off)
 	}
 	return nil
+}
+
+// sum is the owner's checksum of its whole buffer buf.
+func (c *railCase) sum(buf int, shadow []byte) string {
+	c.peerMu.Lock()
+	defer c.peerMu.Unlock()
+	return c.peer.Sum(buf, 0, uint64(len(shadow)))
+}
+
+// tcpClose is TCP_CLOSE, the state of an aborted connection.
+const tcpClose = 7
+
+// queuedOn is how many bytes this process's open TCP connections bound
+// to ip still hold to send (SIOCOUTQ: unsent and unacknowledged).
+func queuedOn(t *testing.T, ip string) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	total := 0
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		sa, err := unix.Getsockname(fd)
+		if err != nil {
+			continue
+		}
+		if a, ok := sa.(*unix.SockaddrInet4); !ok || net.IP(a.Addr[:]).String() != ip {
+			continue
+		}
+		if info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || info.State == tcpClose {
+			continue // not TCP, or aborted: its queue is gone (SIOCOUTQ still counts it)
+		}
+		if n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ); err == nil {
+			total += n
+		}
+	}
+	return total
 }
 
 // waitTraffic waits until rail i's link carried 1 MiB more than when

@@ -48,8 +48,10 @@
 // up, sized by link speed and what each rail has queued; a smaller one
 // takes one rail near its memory, spread by owner. A rail that fails, or
 // has ops out and completes none for a while, is taken out of use: its
-// endpoint is closed, which ends whatever it still had in flight, and its
-// pieces go over the other rails — nil still means every byte arrived.
+// endpoint is closed, which ends whatever it still had in flight (on tcp
+// its sockets are set to abort rather than send again what they queued),
+// and its pieces go over the other rails — nil still means every byte
+// arrived, and nothing of the request arrives later.
 // A piece of a later transfer probes it (at most every second) and brings
 // it back. When every rail failed, the transfer fails with ErrNoRail,
 // wrapping the errors seen, within its deadline.

@@ -91,11 +91,15 @@ const RailsEnv = "FITRANSFER_RAILS"
 
 // WithRails sets the rails: the domains (NICs) of the remote provider the
 // manager opens, each with its own endpoint, across which large transfers
-// are striped. "all" opens every domain. Without it (and without
-// FITRANSFER_RAILS), efa opens every domain it lists and tcp;ofi_rxm one:
-// tcp's domains are the host's interfaces, loopback and management
-// networks among them, not NICs toward one peer. New fails, naming what
-// it found, when a named domain is not there.
+// are striped. "all" opens every domain (tcp: every interface but
+// loopback). Without it (and without FITRANSFER_RAILS), efa opens every
+// domain it lists and tcp;ofi_rxm one: tcp's domains are the host's
+// interfaces, loopback and management networks among them, not NICs
+// toward one peer. New fails, naming what it found, when a named domain
+// is not there. Rail i sends to the owner's rail i (modulo the owner's
+// rails), so both ends list their rails in the same order: the NIC on
+// the same network first. On efa every NIC reaches every other, and the
+// order only spreads the load.
 func WithRails(domains ...string) Option {
 	return func(c *config) { c.rails, c.railsSet = domains, true }
 }

@@ -55,7 +55,7 @@ type Rail struct {
 	Address  string
 	Speed    uint64 // link speed fi_info reports, bits per second; 0 when unknown
 	Up       bool
-	Bytes    uint64 // bytes this manager's transfers moved over it
+	Bytes    uint64 // bytes this manager's transfers moved over it (counted where there are two rails or more)
 	Failures uint64 // times it was taken out of use
 }
 
@@ -135,10 +135,20 @@ func RailInfos(infos []fabric.Info, first *fabric.Info, names []string, from str
 		}
 	}
 	all := func() []*fabric.Info {
-		if len(domains) > maxRails {
-			return domains[:maxRails]
+		out := domains
+		if provider == string(fabric.BackendTCP) && len(domains) > 1 {
+			// Loopback reaches no other host: not a rail.
+			out = nil
+			for _, d := range domains {
+				if d.Domain.Name != "lo" {
+					out = append(out, d)
+				}
+			}
 		}
-		return domains
+		if len(out) > maxRails {
+			return out[:maxRails]
+		}
+		return out
 	}
 	switch {
 	case len(names) == 0 && (provider == string(fabric.BackendEFA) || provider == string(fabric.BackendEFADirect)):
@@ -441,7 +451,7 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 			}
 			continue
 		}
-		if !m.railFault(s.fail) || ctx.Err() != nil {
+		if !m.railFault(s.fail) || ctx.Err() != nil || pastDeadline(ctx) {
 			hard = true
 			continue
 		}
@@ -504,6 +514,14 @@ func (m *Manager) stallAfter(r int, b *libfabric.Route) time.Duration {
 	return railStallFloor + time.Duration(railStallFactor*float64(b.Chunk)/m.health(r).bytesPerSecond()*float64(time.Second))
 }
 
+// pastDeadline reports whether ctx's deadline has come: the progress
+// loop may expire a job on its own clock a moment before ctx says so,
+// and that timeout is the request's, not its rail's.
+func pastDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
 // railFault reports whether an op's error is its rail's, not its handle's,
 // buffer's or owner's: another rail may then deliver the piece. A closed
 // endpoint is the rail's while the manager is open (another request took
@@ -511,6 +529,12 @@ func (m *Manager) stallAfter(r int, b *libfabric.Route) time.Duration {
 func (m *Manager) railFault(err error) bool {
 	if errors.Is(err, ErrClosed) || errors.Is(err, progress.ErrClosed) {
 		return !m.down.Load()
+	}
+	var we *progress.WedgedError
+	if errors.As(err, &we) {
+		// Its ops may still be posted, and nothing can end them: the
+		// request must not return nil.
+		return false
 	}
 	for _, final := range []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, ErrBadHandle,
 		ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrDeviceMemory, context.Canceled} {
@@ -636,8 +660,11 @@ func (m *Manager) probeRail(i int, r RemoteBuffer) {
 		switch {
 		case err == nil:
 			m.railUp(i)
-		case ops[0].fail != nil && m.railFault(ops[0].fail):
-			m.railFailed(i, ops[0].b, ops[0].fail) // a stalled probe closes the endpoint it is on
+		default:
+			// Still down. A probe that stalled is not ended by closing
+			// its endpoint: it reads into the probe buffer, which nothing
+			// else uses, and replacing endpoints at every probe of a dead
+			// link would only pile them up.
 		}
 	}()
 }
@@ -684,6 +711,9 @@ func (m *Manager) replaceRail(old *libfabric.Route) error {
 		return nil
 	}
 	old.Retired.Store(true)
+	if n := old.AbortTCP(); n > 0 {
+		m.log.Info().Int("rail", old.Rail).Int("sockets", n).Msg("rail's TCP sockets set to abort, not retransmit")
+	}
 	m.bufsMu.Lock()
 	bufs := make([]*bufState, 0, len(m.bufs))
 	for _, st := range m.bufs {

@@ -222,8 +222,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			if o.b.Provider == fabric.BackendTCP {
 				if why := libfabric.Explain(j, o.ep.name, victim); why != nil {
 					// Not a chunk: the explanation, ahead of the job's
-					// errors so that the message leads with it.
+					// errors so that the message leads with it. It is the
+					// op's error too: its class (the owner refused, or is
+					// gone) is what the raw completions do not say.
 					errs = slices.Insert(errs, first, why)
+					o.fail = why
 				}
 			}
 			if err := m.nextPart(o, lim); err != nil {
