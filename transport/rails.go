@@ -451,6 +451,12 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 			}
 			continue
 		}
+		var we *progress.WedgedError
+		if errors.As(s.fail, &we) {
+			// Taken out of use, but not redone: its ops may still be
+			// posted on an endpoint nothing can close.
+			m.railFailed(p.rail, nil, s.fail)
+		}
 		if !m.railFault(s.fail) || ctx.Err() != nil || pastDeadline(ctx) {
 			hard = true
 			continue
