@@ -53,8 +53,11 @@ func TestRails(t *testing.T) {
 	t.Cleanup(func() { _ = lab.Close() })
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	for _, name := range []string{"stripe", "stale", "cut-one", "late-write", "cut-all"} {
+	for _, name := range []string{"stripe", "stale", "allocs", "cut-one", "late-write", "cut-all"} {
 		t.Run(name, func(t *testing.T) {
+			if name == "allocs" && raceEnabled {
+				t.Skip("the race detector allocates for its own bookkeeping; make test runs this case without it")
+			}
 			cmd := exec.Command("ip", "netns", "exec", lab.A, exe, "-test.run=^TestRails$/^"+name+"$", "-test.v", "-test.count=1")
 			for _, kv := range os.Environ() {
 				if !strings.HasPrefix(kv, testenv.TCPIfaceEnv+"=") { // the lab's hosts talk over their rails
@@ -128,6 +131,40 @@ func runInLab(t *testing.T, spec string) {
 		for _, r := range c.m.Rails() {
 			assert.True(t, r.Up, "rail %d", r.Rail)
 			assert.Zero(t, r.Failures, "rail %d", r.Rail)
+		}
+	})
+	t.Run("allocs", func(t *testing.T) {
+		// A ReadInto or WriteFrom below the striping size goes to one
+		// rail as it is: nothing allocated per op, as with one rail
+		// (transport's TestNoAllocsPerOp). Make test runs it without the
+		// race detector, whose bookkeeping allocates.
+		if raceEnabled {
+			t.Skip("the race detector allocates for its own bookkeeping; make test runs this case without it")
+		}
+		c := newCase(t)
+		w := c.newWorker(t, 1, 64<<10)
+		ctx := context.Background()
+		for _, n := range []uint64{8, 4096, 64 << 10} {
+			remote, err := w.remote.Slice(0, n)
+			require.NoError(t, err)
+			local, err := w.reg.Slice(0, n)
+			require.NoError(t, err)
+			for name, op := range map[string]func() error{
+				"ReadInto":  func() error { return c.m.ReadInto(ctx, local, remote) },
+				"WriteFrom": func() error { return c.m.WriteFrom(ctx, remote, local) },
+			} {
+				for i := 0; i < 10; i++ { // connect every rail, fill the pools
+					require.NoError(t, op())
+				}
+				var failed error
+				allocs := testing.AllocsPerRun(200, func() {
+					if err := op(); err != nil && failed == nil {
+						failed = err
+					}
+				})
+				require.NoError(t, failed)
+				assert.Zero(t, allocs, "%s of %d bytes over 4 rails: allocations per op", name, n)
+			}
 		}
 	})
 	t.Run("cut-one", func(t *testing.T) {

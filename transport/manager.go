@@ -41,11 +41,16 @@ type Manager struct {
 	memPeers memPeers  // the peers that map this manager's buffers
 
 	railsOnce sync.Once
-	railState []railHealth  // per rail (health)
-	topo      topology.Tree // where the rails' NICs and the memory sit (nearRails)
-	probeOnce sync.Once     // makes probeBuf, where rail probes read into
-	probeBuf  *Buffer
-	probeErr  error
+	// railsActive counts requests over the rails; railsWake wakes
+	// watchRails from idle, railsStop ends it (Close).
+	railsActive atomic.Int32
+	railsWake   chan struct{}
+	railsStop   chan struct{}
+	railState   []railHealth  // per rail (health)
+	topo        topology.Tree // where the rails' NICs and the memory sit (nearRails)
+	probeOnce   sync.Once     // makes probeBuf, where rail probes read into
+	probeBuf    *Buffer
+	probeErr    error
 
 	// guardDirect: shm handle checks read the owner's guard entry with
 	// process_vm_readv themselves where shm would (shmCheckDirect).
@@ -205,6 +210,10 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		}
 	} else if len(cfg.providers) == 0 {
 		m.log.Info().Str("why", cmaWhy).Msg("cma path not used")
+	}
+	if len(bs.rails) > 1 {
+		m.railsWake, m.railsStop = make(chan struct{}, 1), make(chan struct{})
+		go m.watchRails()
 	}
 	if ok, _ := cma.Available(); ok && bs.sameNode != nil {
 		m.guardDirect = libfabric.SingleCopy()
@@ -629,6 +638,9 @@ func (m *Manager) Close() error {
 	m.down.Store(true)
 	m.mu.Unlock()
 	liveManagers.Delete(m.id)
+	if m.railsStop != nil {
+		close(m.railsStop)
+	}
 	m.bufsMu.Lock()
 	bufs := m.bufs
 	m.bufs = map[uint64]*bufState{}

@@ -331,29 +331,62 @@ type piece struct {
 	rail int
 }
 
-// onRemoteRails reports whether any op of the request goes over the
-// remote provider with more than one rail: the request is then run in
-// pieces by run.
-func (m *Manager) onRemoteRails(ops []opSpec) bool {
+// run executes a request: at once when the manager has one rail or
+// none; else over the rails. A single op below stripeMin (ReadInto,
+// WriteFrom) goes to one rail as it is, without allocating; a failure of
+// its rail, or any other request, runs in pieces, in rounds until every
+// piece is delivered (runRails).
+func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 	bs := m.backends()
 	if len(bs.rails) < 2 {
-		return false
-	}
-	for i := range ops {
-		rt, err := m.route(&ops[i].remote, 1)
-		if err == nil && rt.kind == route.Fabric && rt.b.Provider == bs.remote.Provider {
-			return true
-		}
-	}
-	return false
-}
-
-// run executes a request: at once when it does not use rails, else in
-// pieces over the rails, in rounds until every piece is delivered.
-func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
-	if !m.onRemoteRails(ops) {
 		return m.execute(ctx, kind, ops)
 	}
+	m.railsBusy()
+	defer m.railsIdle()
+	if len(ops) != 1 || ops[0].remote.n >= stripeMin {
+		return m.runRails(ctx, kind, ops)
+	}
+	saved := ops[0] // execute takes its references; a redo starts from the op as asked
+	o := &ops[0]
+	o.pin = m.pickRail(&o.remote, m.nearRails(o.local.st)) + 1 // only a route over the rails looks at it
+	err := m.execute(ctx, kind, ops)
+	if o.kind != route.Fabric || o.b == nil || o.b.Provider != bs.remote.Provider {
+		return err // not over the rails
+	}
+	rail := o.pin - 1
+	if err == nil {
+		m.health(rail).bytes.Add(o.remote.n)
+		return nil
+	}
+	if !m.railRedo(ctx, rail, o) {
+		return err
+	}
+	ops[0] = saved
+	return m.runRails(ctx, kind, ops)
+}
+
+// railRedo reports whether o, an op that failed on rail, goes again over
+// the other rails: when it failed because of its rail, which it takes
+// out of use; not when it failed because of its handle, buffer or owner,
+// or its request's deadline or context.
+func (m *Manager) railRedo(ctx context.Context, rail int, o *opSpec) bool {
+	var we *progress.WedgedError
+	if errors.As(o.fail, &we) {
+		// Taken out of use, but not redone: its ops may still be
+		// posted on an endpoint nothing can close.
+		m.railFailed(rail, nil, o.fail)
+	}
+	if o.fail == nil || !m.railFault(o.fail) || ctx.Err() != nil || pastDeadline(ctx) {
+		return false
+	}
+	m.railFailed(rail, o.b, o.fail)
+	return true
+}
+
+// runRails runs a request over the rails: each op toward an owner reached
+// over them cut into pieces (split), in rounds until every piece is
+// delivered, the request's deadline passes, or no rail is left.
+func (m *Manager) runRails(ctx context.Context, kind string, ops []opSpec) error {
 	if err := ctx.Err(); err != nil {
 		return notStarted(kind, ops, err)
 	}
@@ -373,19 +406,24 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 		}
 		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n)
 	}
-	var last error
 	for round := 0; ; round++ {
+		if m.railsUp() == 0 {
+			for r := range bs.rails {
+				if time.Now().UnixNano()-m.health(r).probedAt.Load() > int64(railProbeEvery) {
+					m.probeRail(r, ops[0].remote) // for the requests after this one
+				}
+			}
+			return fmt.Errorf("%w: every one of the %d %s rails failed (%s)", ErrNoRail, len(bs.rails), bs.remote.Provider, m.railErrors())
+		}
 		redo, err := m.runRound(ctx, kind, ops, pieces)
 		if err == nil {
 			return nil
 		}
-		last = err
 		if redo == nil || ctx.Err() != nil {
 			return err
 		}
-		up := m.railsUp()
-		if up == 0 {
-			return fmt.Errorf("%w: every one of the %d %s rails failed (%s): %w", ErrNoRail, len(bs.rails), bs.remote.Provider, m.railErrors(), last)
+		if m.railsUp() == 0 {
+			return fmt.Errorf("%w: every one of the %d %s rails failed (%s): %w", ErrNoRail, len(bs.rails), bs.remote.Provider, m.railErrors(), err)
 		}
 		if round > 2*len(bs.rails)+2 {
 			return err
@@ -400,8 +438,8 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 // runRound runs the pieces once. It returns nil when all were delivered;
 // else the request's error and, when every failed piece failed because of
 // its rail (which is then taken out of use), the pieces to run again.
-// While it runs, watchRails takes a rail that stopped completing ops out
-// of use, which ends that rail's pieces.
+// Meanwhile watchRails takes a rail that stopped completing ops out of
+// use, which ends that rail's pieces.
 func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, pieces []piece) ([]piece, error) {
 	specs := make([]opSpec, len(pieces))
 	perRail := map[int]uint64{}
@@ -418,13 +456,9 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 	for r, n := range perRail {
 		m.health(r).queued.Add(int64(n))
 	}
-	stop, watched := make(chan struct{}), make(chan struct{})
-	go m.watchRails(perRail, stop, watched)
 	start := time.Now()
 	err := m.execute(ctx, kind, specs)
 	took := time.Since(start)
-	close(stop)
-	<-watched
 	for r, n := range perRail {
 		m.health(r).queued.Add(-int64(n))
 	}
@@ -451,17 +485,10 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 			}
 			continue
 		}
-		var we *progress.WedgedError
-		if errors.As(s.fail, &we) {
-			// Taken out of use, but not redone: its ops may still be
-			// posted on an endpoint nothing can close.
-			m.railFailed(p.rail, nil, s.fail)
-		}
-		if !m.railFault(s.fail) || ctx.Err() != nil || pastDeadline(ctx) {
+		if !m.railRedo(ctx, p.rail, s) {
 			hard = true
 			continue
 		}
-		m.railFailed(p.rail, s.b, s.fail)
 		redo = append(redo, p)
 	}
 	if err == nil {
@@ -473,41 +500,62 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 	return redo, err
 }
 
-// watchRails watches the rails of a round until stop: one whose endpoint
-// has ops out and completed none for stallAfter is taken out of use
-// (railFailed closes its endpoint, which fails its pieces).
-func (m *Manager) watchRails(perRail map[int]uint64, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
+// railsBusy and railsIdle count the requests running over the rails:
+// watchRails samples them only while there is one.
+func (m *Manager) railsBusy() {
+	if m.railsActive.Add(1) == 1 {
+		select {
+		case m.railsWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *Manager) railsIdle() { m.railsActive.Add(-1) }
+
+// watchRails runs for the manager's life when it has two rails or more.
+// While requests run over the rails it samples every rail up every
+// railWatchEvery: one whose endpoint has ops out and completed none for
+// stallAfter is taken out of use (railFailed closes its endpoint, which
+// fails its pieces). Idle, it waits for railsBusy.
+func (m *Manager) watchRails() {
 	type watch struct {
-		rail  int
 		b     *libfabric.Route
 		last  uint64
 		since time.Time
 	}
-	bs := m.backends()
-	var ws []watch
-	for r := range perRail {
-		_, c := bs.rails[r].Activity()
-		ws = append(ws, watch{rail: r, b: bs.rails[r], last: c, since: time.Now()})
-	}
+	ws := make([]watch, len(m.backends().rails))
 	tick := time.NewTicker(railWatchEvery)
 	defer tick.Stop()
 	for {
+		if m.railsActive.Load() == 0 {
+			tick.Stop()
+			select {
+			case <-m.railsWake:
+			case <-m.railsStop:
+				return
+			}
+			tick.Reset(railWatchEvery)
+			clear(ws) // an idle spell is no stall
+		}
+		var now time.Time
 		select {
-		case <-stop:
+		case <-m.railsStop:
 			return
-		case now := <-tick.C:
-			for k := range ws {
-				w := &ws[k]
-				posted, completed := w.b.Activity()
-				switch {
-				case completed != w.last || posted == completed:
-					w.last, w.since = completed, now
-				case now.Sub(w.since) > m.stallAfter(w.rail, w.b):
-					m.railFailed(w.rail, w.b, fmt.Errorf("%w: rail %d (%s) completed none of its %d ops in flight for %v",
-						ErrTimeout, w.rail, w.b.Info.Domain.Name, posted-completed, now.Sub(w.since).Round(time.Millisecond)))
-					w.since = now.Add(time.Hour) // judged once
-				}
+		case now = <-tick.C:
+		}
+		for r, b := range m.backends().rails {
+			w := &ws[r]
+			posted, completed := b.Activity()
+			switch {
+			case w.b != b || completed != w.last || posted == completed || m.health(r).down.Load():
+				// A new endpoint, progress, nothing out, or a rail
+				// already out of use (its probe may be out).
+				*w = watch{b: b, last: completed, since: now}
+			case now.Sub(w.since) > m.stallAfter(r, b):
+				m.railFailed(r, b, fmt.Errorf("%w: rail %d (%s) completed none of its %d ops in flight for %v",
+					ErrTimeout, r, b.Info.Domain.Name, posted-completed, now.Sub(w.since).Round(time.Millisecond)))
+				w.since = now
 			}
 		}
 	}
