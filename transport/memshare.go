@@ -638,16 +638,32 @@ func (m *Manager) prepareMem(o *opSpec) error {
 // memory after it died went nowhere (the pages outlive it).
 func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	failed := 0
+	var last *memLink
+	lastAlive := false
 	for i := range ops {
 		if o := &ops[i]; o.kind == route.Mem && o.mm != nil {
-			o.memErr = m.memCopy(lim, o)
+			if o.op == progress.Read {
+				// A read from an owner already gone fails before it
+				// copies, leaving the local buffer as it was: its pages
+				// outlive it in the mapping.
+				if o.link != last {
+					last, lastAlive = o.link, o.link.alive()
+				}
+				if !lastAlive && !m.down.Load() {
+					e := peerGone(o.peer.pid)
+					e.Op, e.Provider = o.op, mem.Name
+					o.memErr = e
+				}
+			}
+			if o.memErr == nil {
+				o.memErr = m.memCopy(lim, o)
+			}
 			o.mm.unref()
 			o.mm = nil
 			o.copied = true
 		}
 	}
-	var last *memLink
-	lastAlive := false
+	last, lastAlive = nil, false
 	for i := range ops {
 		o := &ops[i]
 		if !o.copied {
