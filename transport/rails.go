@@ -161,14 +161,13 @@ func RailInfos(infos []fabric.Info, first *fabric.Info, names []string, from str
 		return nil, fmt.Errorf("%s names %d rails; at most %d", from, len(names), maxRails)
 	}
 	var out []*fabric.Info
-	var have []string
-	for _, d := range domains {
-		have = append(have, d.Domain.Name)
-	}
+	named := map[string]bool{}
 	for _, name := range names {
 		name = strings.TrimSpace(name)
 		var found *fabric.Info
+		var have []string
 		for _, d := range domains {
+			have = append(have, d.Domain.Name)
 			if d.Domain.Name == name {
 				found = d
 			}
@@ -177,20 +176,13 @@ func RailInfos(infos []fabric.Info, first *fabric.Info, names []string, from str
 		case found == nil:
 			return nil, fmt.Errorf("%s: %s has no domain %q here (its domains: %s); see `fitransfer info -p %s`",
 				from, provider, name, strings.Join(have, ", "), provider)
-		case contains(out2names(out), name):
+		case named[name]:
 			return nil, fmt.Errorf("%s names domain %q twice", from, name)
 		}
+		named[name] = true
 		out = append(out, found)
 	}
 	return out, nil
-}
-
-func out2names(l []*fabric.Info) []string {
-	var out []string
-	for _, in := range l {
-		out = append(out, in.Domain.Name)
-	}
-	return out
 }
 
 // Rails reports the manager's rails: the endpoints of its remote provider,
@@ -313,12 +305,11 @@ func (m *Manager) railPCI() ([]topology.PCIAddr, bool) {
 	rails := m.backends().rails
 	out := make([]topology.PCIAddr, len(rails))
 	for i, b := range rails {
-		nic := b.Info.NIC
-		if nic == nil || nic.Bus == nil || nic.Bus.PCI == nil {
+		a, ok := topology.InfoAddr(&b.Info)
+		if !ok {
 			return nil, false
 		}
-		p := nic.Bus.PCI
-		out[i] = topology.PCIAddr{Domain: p.DomainID, Bus: p.BusID, Device: p.DeviceID, Function: p.FunctionID}
+		out[i] = a
 	}
 	return out, true
 }

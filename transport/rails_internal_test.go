@@ -144,3 +144,37 @@ func TestSplit(t *testing.T) {
 		assert.Equal(t, uint64(stripeMin-1), pieces[0].n)
 	})
 }
+
+// TestRailInfos: named rails in the order named; a domain named twice or
+// missing is refused, naming what is there; "all" leaves tcp's loopback
+// out; without names, tcp opens its first domain alone.
+func TestRailInfos(t *testing.T) {
+	var infos []fabric.Info
+	for _, d := range []string{"lo", "eth0", "eth1"} {
+		in := fabric.Info{Caps: fabric.RMACaps}
+		in.EP.Type = fabric.EPRDM
+		in.Fabric.ProvName = "tcp;ofi_rxm"
+		in.Domain.Name = d
+		infos = append(infos, in)
+	}
+	names := func(l []*fabric.Info) []string {
+		var out []string
+		for _, in := range l {
+			out = append(out, in.Domain.Name)
+		}
+		return out
+	}
+	got, err := RailInfos(infos, &infos[0], []string{"eth1", " eth0"}, "WithRails")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"eth1", "eth0"}, names(got))
+	got, err = RailInfos(infos, &infos[0], []string{"all"}, "WithRails")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"eth0", "eth1"}, names(got))
+	got, err = RailInfos(infos, &infos[1], nil, "")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"eth0"}, names(got))
+	_, err = RailInfos(infos, &infos[0], []string{"eth0", "eth0"}, "WithRails")
+	assert.ErrorContains(t, err, `WithRails names domain "eth0" twice`)
+	_, err = RailInfos(infos, &infos[0], []string{"eth9"}, "FITRANSFER_RAILS")
+	assert.ErrorContains(t, err, `FITRANSFER_RAILS: tcp;ofi_rxm has no domain "eth9" here (its domains: lo, eth0, eth1)`)
+}

@@ -100,7 +100,7 @@ func railsOf(infos []fabric.Info, first *fabric.Info, provider, sysfsRoot string
 	var withPCI []int // rail of each of addrs
 	for i, in := range rails {
 		r.Rails = append(r.Rails, Rail{Rail: i, Domain: in.Domain.Name})
-		if a, ok := pciAddr(in); ok {
+		if a, ok := topology.InfoAddr(in); ok {
 			addrs = append(addrs, a)
 			withPCI = append(withPCI, i)
 		}
@@ -148,15 +148,6 @@ func railsOf(infos []fabric.Info, first *fabric.Info, provider, sysfsRoot string
 		r.Memory = append(r.Memory, MemoryRails{NUMANode: &n, Rails: nearest(topology.HostMemory(n))})
 	}
 	return r
-}
-
-// pciAddr is the PCI address fi_info gives for in's NIC.
-func pciAddr(in *fabric.Info) (topology.PCIAddr, bool) {
-	if in.NIC == nil || in.NIC.Bus == nil || in.NIC.Bus.PCI == nil {
-		return topology.PCIAddr{}, false
-	}
-	p := in.NIC.Bus.PCI
-	return topology.PCIAddr{Domain: p.DomainID, Bus: p.BusID, Device: p.DeviceID, Function: p.FunctionID}, true
 }
 
 func joinNote(a, b string) string {

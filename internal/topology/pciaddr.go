@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/fitransfer/fitransfer/fabric"
 )
 
 // PCIAddr is a PCI function address (domain:bus:device.function), as in
@@ -66,4 +68,14 @@ func ParsePCIAddr(s string) (PCIAddr, error) {
 		v[i] = n
 	}
 	return PCIAddr{Domain: uint16(v[0]), Bus: uint8(v[1]), Device: uint8(v[2]), Function: uint8(v[3])}, nil
+}
+
+// InfoAddr is the PCI address fi_info gives for in's NIC; false when it
+// gives none (tcp, shm).
+func InfoAddr(in *fabric.Info) (PCIAddr, bool) {
+	if in.NIC == nil || in.NIC.Bus == nil || in.NIC.Bus.PCI == nil {
+		return PCIAddr{}, false
+	}
+	p := in.NIC.Bus.PCI
+	return PCIAddr{Domain: p.DomainID, Bus: p.BusID, Device: p.DeviceID, Function: p.FunctionID}, true
 }
