@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/netlab"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
@@ -186,15 +187,7 @@ func runCmd(name string, args ...string) error {
 // and sent.
 func linkBytes(t *testing.T, ns, dev string) uint64 {
 	t.Helper()
-	out, err := exec.Command("ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev).Output()
-	require.NoError(t, err, "ip -n %s -s link show dev %s", ns, dev)
-	var links []struct {
-		Stats struct {
-			RX struct{ Bytes uint64 } `json:"rx"`
-			TX struct{ Bytes uint64 } `json:"tx"`
-		} `json:"stats64"`
-	}
-	require.NoError(t, json.Unmarshal(out, &links))
-	require.Len(t, links, 1)
-	return links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes
+	n, err := netlab.LinkBytes(ns, dev)
+	require.NoError(t, err)
+	return n
 }

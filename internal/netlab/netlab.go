@@ -130,10 +130,14 @@ func (l *Lab) Command(ctx context.Context, ns, name string, args ...string) *exe
 }
 
 // Bytes is what rail i carried so far, received and sent, on A's side.
-func (l *Lab) Bytes(i int) (uint64, error) {
-	out, err := exec.Command("ip", "-n", l.A, "-j", "-s", "link", "show", "dev", l.Iface(i)).Output()
+func (l *Lab) Bytes(i int) (uint64, error) { return LinkBytes(l.A, l.Iface(i)) }
+
+// LinkBytes is what interface dev of namespace ns carried so far,
+// received and sent.
+func LinkBytes(ns, dev string) (uint64, error) {
+	out, err := exec.Command("ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev).Output()
 	if err != nil {
-		return 0, fmt.Errorf("netlab: ip -n %s -s link show dev %s: %w", l.A, l.Iface(i), err)
+		return 0, fmt.Errorf("netlab: ip -n %s -s link show dev %s: %w", ns, dev, err)
 	}
 	var links []struct {
 		Stats struct {
@@ -142,7 +146,7 @@ func (l *Lab) Bytes(i int) (uint64, error) {
 		} `json:"stats64"`
 	}
 	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
-		return 0, fmt.Errorf("netlab: reading the counters of %s: %v", l.Iface(i), err)
+		return 0, fmt.Errorf("netlab: reading the counters of %s: %v", dev, err)
 	}
 	return links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes, nil
 }
