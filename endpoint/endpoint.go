@@ -71,6 +71,9 @@ func options(info *fabric.Info) fabric.EndpointOptions {
 		no := false
 		o.SharedMemoryPermitted = &no
 	}
+	// shm's CQ has no wait fd, and a peer's RMA completes nothing on the
+	// target: the counter is how its loop sees that peers keep it busy.
+	o.RemoteCounter = info.Fabric.ProvName == "shm"
 	return o
 }
 
@@ -187,11 +190,11 @@ func (e *Endpoint) Close() {
 
 // waitsOnTraffic reports whether a provider's CQ wait object wakes on
 // incoming traffic (its sockets are in the wait set), so an idle progress
-// loop can block in fi_cq_sread and still serve peers at once. shm's and
+// loop can block on the CQ's wait fd and still serve peers at once. shm's and
 // efa's do not (efa has no CQ wait objects before 2.5): those poll.
 func waitsOnTraffic(info *fabric.Info) bool {
 	return info.Fabric.ProvName == "tcp;ofi_rxm"
 }
 
-// Waitable reports whether the progress loop may block in fi_cq_sread.
+// Waitable reports whether the progress loop may block on the CQ's wait fd.
 func (e *Endpoint) Waitable() bool { return e.ep.Waitable() }

@@ -4,7 +4,7 @@
 // into typed errors, and keeps progressing when the endpoint is only a
 // target, because on every provider fitransfer uses the target must poll
 // too or initiators never see their ops complete. An idle loop parks where
-// no peer can be kept waiting by it: in fi_cq_sread, which traffic wakes,
+// no peer can be kept waiting by it: on the CQ's wait fd, which traffic wakes,
 // or, on an endpoint peers announce themselves to, while none has
 // (Loop.ParkWhenUnattended, Loop.Attend).
 package progress

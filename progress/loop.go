@@ -160,7 +160,7 @@ type Loop struct {
 	roundDone chan struct{}
 	timers    sync.Pool    // *time.Timer for Poll's bound
 	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	sleeping  atomic.Bool  // the background goroutine blocks in fi_cq_sread
+	sleeping  atomic.Bool  // the background goroutine blocks on the CQ's wait fd
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
 	parked atomic.Bool
@@ -183,11 +183,12 @@ type Loop struct {
 	batch      []posting
 	inflight   int
 	iter       int
-	lastActive int64 // monoNow of the last activity
-	deadlineAt int64 // monoNow of the last deadline check
-	postMax    int   // ops the next post tries at most: see post
-	stale      int   // completions whose op context was not live (logged, dropped)
-	woke       bool  // a job finished in this round of iterate (run yields then)
+	lastActive int64  // monoNow of the last activity
+	deadlineAt int64  // monoNow of the last deadline check
+	postMax    int    // ops the next post tries at most: see post
+	stale      int    // completions whose op context was not live (logged, dropped)
+	woke       bool   // a job finished in this round of iterate (run yields then)
+	remoteSeen uint64 // port.remoteOps at the last look (peersActive)
 }
 
 // monoBase is the origin of monoNow.
@@ -307,7 +308,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 				last = now
 			}
 		} else if l.sleeping.Load() {
-			l.port.signal() // make the background goroutine leave fi_cq_sread
+			l.port.signal() // make the background goroutine leave its wait on the CQ's fd
 		}
 		select {
 		case <-j.done:
@@ -425,7 +426,7 @@ func (l *Loop) abort(j *Job, gen uint64, cause error) {
 
 // acquire takes the drive lock from outside the loop: it makes the
 // background goroutine stand back (it pauses while drivers > 0 and leaves
-// fi_cq_sread on a signal) so that it cannot starve the caller, and gives
+// its wait on the CQ's fd on a signal) so that it cannot starve the caller, and gives
 // up with a *WedgedError when the holder is stuck inside libfabric.
 func (l *Loop) acquire() error {
 	l.drivers.Add(1)
@@ -669,6 +670,9 @@ func (l *Loop) run() {
 		}
 		if idleFor < l.policy.Spin {
 			yieldIfDue(now, &yielded)
+			continue
+		}
+		if l.peersActive() {
 			continue
 		}
 		if quiet && l.mayPark() {
@@ -1049,7 +1053,7 @@ func (l *Loop) pollEQ() {
 	}
 }
 
-// idle waits for work for up to d: in fi_cq_sread (holding the drive
+// idle waits for work for up to d: on the CQ's wait fd (holding the drive
 // lock; waiters and Do signal it out) when the CQ wakes on traffic, else
 // on a kick or a timer. park marks the wait as a park (Submit wakes it).
 // It reports whether completions arrived.
@@ -1071,7 +1075,7 @@ func (l *Loop) idle(d time.Duration, park bool) bool {
 		defer l.sleeping.Store(false)
 		// Look again now that sleeping (and parked) are set: whoever
 		// changed what pending reads after this signals the wait, and a
-		// signal that comes before fi_cq_sread still ends it (the CQ
+		// signal that comes before the wait still ends it (the CQ
 		// keeps it).
 		if l.pending() {
 			return false
@@ -1080,9 +1084,13 @@ func (l *Loop) idle(d time.Duration, park bool) bool {
 		// The wait is not stuck until it outlasts its own timeout:
 		// Wedged counts from its end.
 		l.inCall.Store(monoNow() + int64(d))
-		slots, err := l.port.wait(ms)
+		slots, woke, err := l.port.wait(ms)
 		l.inCall.Store(0)
-		worked := l.handle(slots, err)
+		// Traffic that woke the wait is activity even when it completes
+		// nothing of ours (a peer's RMA on this target): the loop spins
+		// after it, so peers that keep a target busy find it polling
+		// instead of paying a wake-up per op.
+		worked := l.handle(slots, err) || woke
 		if worked {
 			l.lastActive = monoNow()
 		}
@@ -1091,6 +1099,28 @@ func (l *Loop) idle(d time.Duration, park bool) bool {
 	// The wake channel keeps a kick that comes before the pause.
 	l.pause(d)
 	return false
+}
+
+// peersActive reports whether peers' RMA ops reached the endpoint since
+// the last look (its remote counter moved): activity, as for a waitable
+// endpoint traffic that wakes its wait. Only the background goroutine
+// calls it, when the loop would stop spinning: not once per round.
+func (l *Loop) peersActive() bool {
+	l.drive.Lock()
+	defer l.drive.Unlock()
+	if l.down {
+		return false
+	}
+	now := monoNow()
+	l.inCall.Store(now) // the read drives progress: a call like any other
+	n := l.port.remoteOps()
+	l.inCall.Store(0)
+	if n == l.remoteSeen {
+		return false
+	}
+	l.remoteSeen = n
+	l.lastActive = now
+	return true
 }
 
 // pending reports whether something wants the background goroutine now:
@@ -1108,7 +1138,7 @@ func (l *Loop) pending() bool {
 const parkFor = time.Second
 
 // mayPark reports whether an idle loop with nothing running may wait for
-// work without polling: its CQ wakes on traffic (fi_cq_sread), or every
+// work without polling: its CQ wakes on traffic (a wait fd), or every
 // peer that needs its progress attends (ParkWhenUnattended) and none does.
 func (l *Loop) mayPark() bool {
 	return l.port.waitable() || l.attendOnly.Load() && l.attending.Load() == 0

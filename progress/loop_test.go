@@ -38,16 +38,18 @@ type fakePort struct {
 	mayHang  bool          // callsMayNeverReturn
 	posted   atomic.Int64
 	closed   bool
-	// canWait makes the port waitable: wait blocks until signal or its
-	// timeout, as fi_cq_sread on a CQ that nothing completes to.
+	// canWait makes the port waitable: wait blocks until signal, traffic
+	// or its timeout, as a CQ's wait fd that nothing completes to.
 	canWait bool
 	sig     chan struct{}
-	waits   atomic.Int64 // wait calls
-	reaps   atomic.Int64 // CQ reads, by reap or wait: rounds of progress
+	traffic chan struct{} // a peer's op on this target: wakes a wait, completes nothing
+	remote  atomic.Uint64 // peers' RMA ops on this target (remoteOps)
+	waits   atomic.Int64  // wait calls
+	reaps   atomic.Int64  // CQ reads, by reap or wait: rounds of progress
 }
 
 func newFakePort() *fakePort {
-	return &fakePort{ops: map[uint32]fabric.Op{}, batch: make([]fabric.Op, postBatch), sig: make(chan struct{}, 1)}
+	return &fakePort{ops: map[uint32]fabric.Op{}, batch: make([]fabric.Op, postBatch), sig: make(chan struct{}, 1), traffic: make(chan struct{}, 1)}
 }
 
 func (f *fakePort) provider() string { return "fake" }
@@ -133,15 +135,21 @@ func (f *fakePort) readErr() (fabric.CQError, bool, error) {
 
 func (f *fakePort) waitable() bool { return f.canWait }
 
-func (f *fakePort) wait(ms int) ([]uint32, error) {
+func (f *fakePort) remoteOps() uint64 { return f.remote.Load() }
+
+func (f *fakePort) wait(ms int) ([]uint32, bool, error) {
 	f.waits.Add(1)
 	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 	defer t.Stop()
+	woke := true
 	select {
 	case <-f.sig:
+	case <-f.traffic:
 	case <-t.C:
+		woke = false
 	}
-	return f.reap()
+	slots, err := f.reap()
+	return slots, woke, err
 }
 
 // signal is kept until a wait takes it, as libfabric's CQ keeps one.
@@ -645,6 +653,55 @@ func TestIdleLoopBlocksInWaitObject(t *testing.T) {
 	assert.Empty(t, j.Errs)
 	assert.Equal(t, 3, j.Completed)
 	require.NoError(t, l.Close(nil))
+}
+
+// TestTrafficKeepsTargetPolling: traffic that wakes a parked loop's wait
+// completes nothing of its own (a peer's RMA on a target) yet counts as
+// activity: the loop polls for the policy's Spin before it waits again,
+// so a peer that keeps the target busy pays no wake-up per op.
+func TestTrafficKeepsTargetPolling(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	policy := DefaultPollPolicy
+	policy.Spin = time.Second
+	l := newLoop(f, 4, policy, zerolog.Nop())
+	l.parkFor = time.Hour
+	go l.run()
+	defer l.Close(nil)
+	parked := func() bool { return l.Parked() && l.sleeping.Load() }
+	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+	waits, reaps := f.waits.Load(), f.reaps.Load()
+
+	f.traffic <- struct{}{}
+	require.Eventually(t, func() bool { return f.waits.Load() > waits }, 10*time.Second, time.Millisecond,
+		"the loop did not wait again after the traffic")
+	// Spin is a second of polling: far more rounds than the few of a
+	// loop that went straight back to its wait.
+	assert.Greater(t, f.reaps.Load()-reaps, int64(100), "rounds of progress between the traffic and the next wait")
+}
+
+// TestRemoteOpsKeepTargetPolling: on an endpoint with no wait fd, peers'
+// RMA ops that its remote counter saw count as activity too: a loop that
+// had slowed to a poll a second polls without pause again.
+func TestRemoteOpsKeepTargetPolling(t *testing.T) {
+	f := newFakePort()
+	policy := PollPolicy{Spin: 300 * time.Millisecond, MinSleep: time.Second, MaxSleep: time.Second}
+	l := newLoop(f, 4, policy, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	slowed := func() bool {
+		l.drive.Lock()
+		defer l.drive.Unlock()
+		return time.Duration(monoNow()-l.lastActive) > policy.Spin
+	}
+	require.Eventually(t, slowed, 10*time.Second, time.Millisecond)
+	reaps := f.reaps.Load()
+
+	f.remote.Add(1)
+	// Polling once a second, the loop would have about 10 rounds in the
+	// 10 s; spinning for Spin, thousands.
+	require.Eventually(t, func() bool { return f.reaps.Load()-reaps > 100 }, 10*time.Second, time.Millisecond,
+		"the loop did not poll without pause after peers' ops")
 }
 
 // TestUnattendedLoopParks: a loop with no wait object whose peers

@@ -10,11 +10,11 @@ import "time"
 // it: the goroutine that waits for the job drives progress itself
 // (Loop.Wait), and a job nobody waits for starts within MaxSleep.
 // Endpoints whose completion queue wakes on incoming traffic (tcp) block
-// in fi_cq_sread instead of sleeping, for at most MaxSleep.
+// on the CQ's wait fd instead of sleeping, for at most MaxSleep.
 //
 // Once nothing of the loop's own is running (no job, no op in flight) and
 // Spin has passed, it parks instead of polling, where that cannot keep a
-// peer waiting: in fi_cq_sread until traffic, a signal or a second passes
+// peer waiting: on the CQ's wait fd until traffic, a signal or a second passes
 // when the completion queue wakes on traffic; until woken, when no peer
 // attends (Loop.ParkWhenUnattended). A parked loop costs no CPU; each
 // poll every MaxSleep costs a timer wake-up, and a thousand a second took

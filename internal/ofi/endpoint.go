@@ -12,8 +12,12 @@ package ofi
 import "C"
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Endpoint is an enabled RDM endpoint with its address vector (FI_AV_TABLE),
@@ -24,8 +28,12 @@ type Endpoint struct {
 	e        C.struct_ft_ep
 	name     []byte
 	waitable bool
-	eqMsg    *C.char // C buffer PollEQ reads messages into
-	opts     OptionResults
+	// sigMu guards sigFd, the eventfd Signal writes and Wait polls (-1
+	// once closed: a Signal racing Close must not write to a reused fd).
+	sigMu sync.Mutex
+	sigFd int
+	eqMsg *C.char // C buffer PollEQ reads messages into
+	opts  OptionResults
 }
 
 const eqMsgLen = 256
@@ -45,7 +53,10 @@ func (d *Domain) OpenEndpoint(cqSize int, cqWait bool, opts EndpointOptions) (*E
 		wait = 1
 	}
 	o := C.struct_ft_ep_opts{shared_memory_permitted: optBool(opts.SharedMemoryPermitted),
-		cuda_api_permitted: optBool(opts.CUDAAPIPermitted)}
+		cuda_api_permitted: optBool(opts.CUDAAPIPermitted), remote_cntr: 0}
+	if opts.RemoteCounter {
+		o.remote_cntr = 1
+	}
 	if rc := C.ft_ep_open(d.fabric, d.c, d.info, C.size_t(cqSize), wait, &waitable, &o, &ep.e, &stage); rc != 0 {
 		return nil, check(C.GoString(stage), rc)
 	}
@@ -56,6 +67,15 @@ func (d *Domain) OpenEndpoint(cqSize int, cqWait bool, opts EndpointOptions) (*E
 		ep.opts.CUDAAPIPermitted = check("fi_setopt(FI_OPT_CUDA_API_PERMITTED)", o.cuda_api_rc)
 	}
 	ep.waitable = waitable == 1
+	ep.sigFd = -1
+	if ep.waitable {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			C.ft_ep_close(&ep.e)
+			return nil, fmt.Errorf("eventfd for the progress loop's wake-ups: %w", err)
+		}
+		ep.sigFd = fd
+	}
 	ep.eqMsg = (*C.char)(C.calloc(eqMsgLen, 1))
 	name, err := ep.getName()
 	if err != nil {
@@ -76,6 +96,9 @@ type EndpointOptions struct {
 	// CUDAAPIPermitted is FI_OPT_CUDA_API_PERMITTED (headers 1.18+): may
 	// the provider call the CUDA API.
 	CUDAAPIPermitted *bool
+	// RemoteCounter binds a counter of peers' RMA ops on the endpoint
+	// (RemoteOps), if the provider takes one.
+	RemoteCounter bool
 }
 
 // OptionResults are fi_setopt's answers for the options asked: nil when
@@ -115,14 +138,26 @@ func (ep *Endpoint) getName() ([]byte, error) {
 	return buf[:n], nil
 }
 
-// Waitable reports whether the CQ has a wait object: Wait may block in
-// fi_cq_sread and Signal wakes it.
+// Waitable reports whether the CQ has a wait fd: Queue.Wait may block on
+// it and Signal wakes it.
 func (ep *Endpoint) Waitable() bool { return ep.waitable }
 
-// Signal wakes a Wait in progress (fi_cq_signal). Safe from any goroutine.
+// RemoteOps counts peers' RMA ops on the endpoint so far, when it was
+// opened with RemoteCounter and the provider took the counter (HasRemoteOps);
+// else 0. Reading drives the provider's progress, as Reap does.
+func (ep *Endpoint) RemoteOps() uint64 { return uint64(C.ft_remote_ops(&ep.e)) }
+
+// HasRemoteOps reports whether RemoteOps counts.
+func (ep *Endpoint) HasRemoteOps() bool { return ep.e.remote_cntr != nil }
+
+// Signal wakes a Wait in progress, or the next one. Safe from any
+// goroutine, also after Close.
 func (ep *Endpoint) Signal() {
-	if ep.waitable {
-		C.fi_cq_signal(ep.e.cq)
+	ep.sigMu.Lock()
+	defer ep.sigMu.Unlock()
+	if ep.sigFd >= 0 {
+		one := [8]byte{1}
+		_, _ = unix.Write(ep.sigFd, one[:]) // EAGAIN: a wake-up is pending already
 	}
 }
 
@@ -190,6 +225,12 @@ func (ep *Endpoint) Close() {
 		return
 	}
 	C.ft_ep_close(&ep.e)
+	ep.sigMu.Lock()
+	if ep.sigFd >= 0 {
+		_ = unix.Close(ep.sigFd)
+		ep.sigFd = -1
+	}
+	ep.sigMu.Unlock()
 	if ep.eqMsg != nil {
 		C.free(unsafe.Pointer(ep.eqMsg))
 		ep.eqMsg = nil

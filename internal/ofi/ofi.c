@@ -1,6 +1,8 @@
 #include "ofi.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <unistd.h>
 #include <stdio.h>
 
 /* The Errno constants in errno.go must equal libfabric's numbers. */
@@ -168,11 +170,20 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 		goto err;
 	*stage = "fi_cq_open";
 	*waitable = 0;
+	out->wait_fd = -1;
 	if (cq_wait) {
-		cq_attr.wait_obj = FI_WAIT_UNSPEC;
+		/* An fd, not fi_cq_sread: the loop must see traffic wake it
+		 * (sread hides that), to spin while peers keep it busy. */
+		cq_attr.wait_obj = FI_WAIT_FD;
 		ret = fi_cq_open(domain, &cq_attr, &out->cq, NULL);
-		if (!ret)
+		if (!ret && fi_control(&out->cq->fid, FI_GETWAIT, &out->wait_fd) == 0 && out->wait_fd >= 0) {
 			*waitable = 1;
+			out->fabric = fabric;
+		} else if (!ret) {
+			fi_close(&out->cq->fid);
+			out->cq = NULL;
+			out->wait_fd = -1;
+		}
 		cq_attr.wait_obj = FI_WAIT_NONE;
 	}
 	if (!*waitable) {
@@ -196,6 +207,16 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 	ret = fi_ep_bind(out->ep, &out->cq->fid, FI_TRANSMIT | FI_RECV);
 	if (ret)
 		goto err;
+	if (opts && opts->remote_cntr == 1) {
+		/* Optional: without it the loop cannot tell a peer keeps it busy,
+		 * and polls as it would anyway. */
+		struct fi_cntr_attr cntr_attr = { .events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE };
+		if (fi_cntr_open(domain, &cntr_attr, &out->remote_cntr, NULL) == 0 &&
+		    fi_ep_bind(out->ep, &out->remote_cntr->fid, FI_REMOTE_READ | FI_REMOTE_WRITE) != 0) {
+			fi_close(&out->remote_cntr->fid);
+			out->remote_cntr = NULL;
+		}
+	}
 	if (opts) {
 		/* Options are refused after fi_enable; their answers are the
 		 * caller's to judge. */
@@ -223,9 +244,17 @@ void ft_ep_close(struct ft_ep *e)
 		fi_close(&e->av->fid);
 	if (e->cq)
 		fi_close(&e->cq->fid);
+	if (e->remote_cntr)
+		fi_close(&e->remote_cntr->fid);
 	if (e->eq)
 		fi_close(&e->eq->fid);
 	memset(e, 0, sizeof(*e));
+	e->wait_fd = -1;
+}
+
+uint64_t ft_remote_ops(struct ft_ep *e)
+{
+	return e->remote_cntr ? fi_cntr_read(e->remote_cntr) : 0;
 }
 
 int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr)
@@ -335,23 +364,29 @@ int ft_cq_read(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
 	return (int)ret;
 }
 
-int ft_cq_sread(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
-		uint32_t *slots, int max, int timeout_ms)
+int ft_cq_wait(struct ft_ep *e, int sig_fd, const struct fi_context2 *ctx, uint32_t nctx,
+	       uint32_t *slots, int max, int timeout_ms, int *woke)
 {
-	struct fi_cq_entry entries[64];
-	ssize_t ret;
-	int i;
+	struct fid *fids[1] = { &e->cq->fid };
+	/* Our own eventfd, not fi_cq_signal: fi_trywait resets the CQ's
+	 * signal, so a signal sent just before it would be lost. */
+	struct pollfd pfd[2] = { { .fd = e->wait_fd, .events = POLLIN },
+				 { .fd = sig_fd, .events = POLLIN } };
+	uint64_t drained;
+	int ret;
 
-	if (max > 64)
-		max = 64;
-	ret = fi_cq_sread(cq, entries, max, NULL, timeout_ms);
-	if (ret == -FI_EAGAIN || ret == -FI_ETIMEDOUT || ret == -FI_EINTR || ret == -FI_ECANCELED)
-		return 0;
-	if (ret < 0)
-		return (int)ret;
-	for (i = 0; i < ret; i++)
-		slots[i] = ft_slot_of(entries[i].op_context, ctx, nctx);
-	return (int)ret;
+	*woke = 1;
+	ret = fi_trywait(e->fabric, fids, 1);
+	if (ret == FI_SUCCESS) {
+		ret = poll(pfd, 2, timeout_ms);
+		if (ret <= 0)
+			*woke = 0; /* timed out, or a signal to the thread */
+		else if (pfd[1].revents & POLLIN)
+			(void)!read(sig_fd, &drained, sizeof(drained));
+	} else if (ret != -FI_EAGAIN) {
+		return ret;
+	}
+	return ft_cq_read(e->cq, ctx, nctx, slots, max);
 }
 
 int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,

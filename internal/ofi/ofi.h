@@ -56,6 +56,13 @@ struct ft_ep {
 	struct fid_av *av;
 	struct fid_cq *cq;
 	struct fid_eq *eq;
+	/* With a CQ wait object: the fabric (fi_trywait) and the wait fd
+	 * (FI_GETWAIT), -1 without. */
+	struct fid_fabric *fabric;
+	int wait_fd;
+	/* Counts peers' RMA ops on this endpoint (FI_REMOTE_READ |
+	 * FI_REMOTE_WRITE), when asked for and the provider takes it. */
+	struct fid_cntr *remote_cntr;
 };
 
 /* Endpoint options set before fi_enable: 0 or 1, or -1 to leave one alone.
@@ -64,23 +71,30 @@ struct ft_ep {
 struct ft_ep_opts {
 	int shared_memory_permitted; /* FI_OPT_SHARED_MEMORY_PERMITTED, headers 1.21+ */
 	int cuda_api_permitted;      /* FI_OPT_CUDA_API_PERMITTED, headers 1.18+ */
+	int remote_cntr;             /* 1: bind a counter of peers' RMA ops (ft_remote_ops) */
 	int shared_memory_rc;
 	int cuda_api_rc;
 };
 
 /* Opens and enables an endpoint on the domain. cq_size 0 lets the provider
- * choose. With cq_wait the CQ gets a wait object (fi_cq_sread, fi_cq_signal)
- * when the provider supports one; *waitable says whether it did. opts may
- * be NULL. On error *stage names the call that failed. */
+ * choose. With cq_wait the CQ gets an FI_WAIT_FD wait object (ft_cq_wait,
+ * fi_cq_signal) when the provider supports one; *waitable says whether it
+ * did. opts may be NULL. On error *stage names the call that failed. */
 int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
 	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
 	       struct ft_ep *out, const char **stage);
 
-/* fi_cq_sread of up to max completions with a timeout in milliseconds;
- * returns like ft_cq_read (0 on timeout or fi_cq_signal). */
-int ft_cq_sread(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
-		uint32_t *slots, int max, int timeout_ms);
+/* Waits up to timeout_ms for the CQ's wait fd (after fi_trywait says
+ * nothing is pending) or sig_fd (an eventfd, consumed here), then reads up
+ * to max completions as ft_cq_read. *woke is 1 when the wait ended before
+ * its timeout — traffic for the endpoint, or sig_fd — or did not block. */
+int ft_cq_wait(struct ft_ep *e, int sig_fd, const struct fi_context2 *ctx, uint32_t nctx,
+	       uint32_t *slots, int max, int timeout_ms, int *woke);
 void ft_ep_close(struct ft_ep *e);
+
+/* Peers' RMA ops on the endpoint so far (its remote counter), or 0
+ * without one. Reading drives the provider's progress. */
+uint64_t ft_remote_ops(struct ft_ep *e);
 
 /* fi_av_insert of one address; *addr gets the fi_addr_t. */
 int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr);
