@@ -160,7 +160,7 @@ type Loop struct {
 	roundDone chan struct{}
 	timers    sync.Pool    // *time.Timer for Poll's bound
 	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	sleeping  atomic.Bool  // the background goroutine blocks on the CQ's wait fd
+	sleeping  atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
 	parked atomic.Bool
@@ -300,6 +300,8 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	last := monoNow()
 	yielded := last
 	for i := 1; ; i++ {
+		// A background goroutine blocked on the CQ's fd holds no lock
+		// (block): no need to wake it first.
 		if l.drive.TryLock() {
 			now := monoNow()
 			worked := l.iterate(now)
@@ -307,12 +309,11 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			if worked {
 				last = now
 			}
-		} else if l.sleeping.Load() {
-			l.port.signal() // make the background goroutine leave its wait on the CQ's fd
 		}
 		select {
 		case <-j.done:
 			l.drivers.Add(-1)
+			l.wakeIfSleeping()
 			return nil
 		default:
 		}
@@ -425,9 +426,9 @@ func (l *Loop) abort(j *Job, gen uint64, cause error) {
 }
 
 // acquire takes the drive lock from outside the loop: it makes the
-// background goroutine stand back (it pauses while drivers > 0 and leaves
-// its wait on the CQ's fd on a signal) so that it cannot starve the caller, and gives
-// up with a *WedgedError when the holder is stuck inside libfabric.
+// background goroutine stand back (it pauses while drivers > 0) so that
+// it cannot starve the caller, and gives up with a *WedgedError when the
+// holder is stuck inside libfabric.
 func (l *Loop) acquire() error {
 	l.drivers.Add(1)
 	defer l.drivers.Add(-1)
@@ -506,13 +507,11 @@ func (l *Loop) Poll() bool {
 	now := monoNow()
 	l.polled.Store(now)
 	if !l.drive.TryLock() {
-		if l.sleeping.Load() {
-			l.port.signal()
-		}
 		return false
 	}
 	worked := l.iterate(now)
 	l.drive.Unlock()
+	l.wakeIfSleeping()
 	return worked
 }
 
@@ -552,6 +551,7 @@ func (l *Loop) Do(fn func()) error {
 	if err := l.acquire(); err != nil {
 		return err
 	}
+	defer l.wakeIfSleeping()
 	defer l.drive.Unlock()
 	if l.down {
 		return ErrClosed
@@ -1053,10 +1053,10 @@ func (l *Loop) pollEQ() {
 	}
 }
 
-// idle waits for work for up to d: on the CQ's wait fd (holding the drive
-// lock; waiters and Do signal it out) when the CQ wakes on traffic, else
-// on a kick or a timer. park marks the wait as a park (Submit wakes it).
-// It reports whether completions arrived.
+// idle waits for work for up to d: on the CQ's wait fd (block) when the
+// CQ wakes on traffic, else on a kick or a timer. park marks the wait as a
+// park (Submit wakes it). It reports whether completions or traffic
+// arrived.
 func (l *Loop) idle(d time.Duration, park bool) bool {
 	if park {
 		l.parked.Store(true)
@@ -1066,39 +1066,70 @@ func (l *Loop) idle(d time.Duration, park bool) bool {
 		return false
 	}
 	if l.port.waitable() {
-		l.drive.Lock()
-		defer l.drive.Unlock()
-		if l.down {
-			return false
-		}
-		l.sleeping.Store(true)
-		defer l.sleeping.Store(false)
-		// Look again now that sleeping (and parked) are set: whoever
-		// changed what pending reads after this signals the wait, and a
-		// signal that comes before the wait still ends it (the CQ
-		// keeps it).
-		if l.pending() {
-			return false
-		}
-		ms := max(int(d/time.Millisecond), 1)
-		// The wait is not stuck until it outlasts its own timeout:
-		// Wedged counts from its end.
-		l.inCall.Store(monoNow() + int64(d))
-		slots, woke, err := l.port.wait(ms)
-		l.inCall.Store(0)
-		// Traffic that woke the wait is activity even when it completes
-		// nothing of ours (a peer's RMA on this target): the loop spins
-		// after it, so peers that keep a target busy find it polling
-		// instead of paying a wake-up per op.
-		worked := l.handle(slots, err) || woke
-		if worked {
-			l.lastActive = monoNow()
-		}
-		return worked
+		return l.block(d)
 	}
 	// The wake channel keeps a kick that comes before the pause.
 	l.pause(d)
 	return false
+}
+
+// block is idle on a waitable endpoint: fi_trywait under the drive lock,
+// then the wait on the CQ's fd without it — a goroutine that wants to
+// drive the endpoint meanwhile takes the lock at once instead of waking
+// this one first (a thread wake-up, up to 0.7 ms on a VM), and signals
+// when it is done (wakeIfSleeping), since what it did may leave work
+// that fi_trywait must see — then a read of the CQ, under the lock again.
+func (l *Loop) block(d time.Duration) bool {
+	l.drive.Lock()
+	if l.down {
+		l.drive.Unlock()
+		return false
+	}
+	l.sleeping.Store(true)
+	defer l.sleeping.Store(false)
+	// Look again now that sleeping (and parked) are set: whoever changed
+	// what pending reads after this signals, and the eventfd keeps a
+	// signal sent before the wait.
+	if l.pending() {
+		l.drive.Unlock()
+		return false
+	}
+	l.inCall.Store(monoNow())
+	mayBlock, err := l.port.tryWait()
+	l.inCall.Store(0)
+	l.drive.Unlock()
+	woke := true
+	if err != nil {
+		l.log.Error().Err(err).Msg("fi_trywait failed")
+	} else if mayBlock {
+		woke = l.port.block(max(int(d/time.Millisecond), 1))
+	}
+	l.drive.Lock()
+	defer l.drive.Unlock()
+	if l.down {
+		return false
+	}
+	l.inCall.Store(monoNow())
+	slots, err := l.port.reap()
+	l.inCall.Store(0)
+	// Traffic that woke the wait is activity even when it completes
+	// nothing of ours (a peer's RMA on this target): the loop spins after
+	// it, so peers that keep a target busy find it polling instead of
+	// paying a wake-up per op.
+	worked := l.handle(slots, err) || woke
+	if worked {
+		l.lastActive = monoNow()
+	}
+	return worked
+}
+
+// wakeIfSleeping makes a background goroutine blocked on the CQ's fd look
+// again (fi_trywait): for a goroutine that drove the endpoint while it
+// was blocked, and is done.
+func (l *Loop) wakeIfSleeping() {
+	if l.sleeping.Load() {
+		l.port.signal()
+	}
 }
 
 // peersActive reports whether peers' RMA ops reached the endpoint since

@@ -137,19 +137,19 @@ func (f *fakePort) waitable() bool { return f.canWait }
 
 func (f *fakePort) remoteOps() uint64 { return f.remote.Load() }
 
-func (f *fakePort) wait(ms int) ([]uint32, bool, error) {
+func (f *fakePort) tryWait() (bool, error) { return true, nil }
+
+func (f *fakePort) block(ms int) bool {
 	f.waits.Add(1)
 	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 	defer t.Stop()
-	woke := true
 	select {
 	case <-f.sig:
 	case <-f.traffic:
 	case <-t.C:
-		woke = false
+		return false
 	}
-	slots, err := f.reap()
-	return slots, woke, err
+	return true
 }
 
 // signal is kept until a wait takes it, as libfabric's CQ keeps one.

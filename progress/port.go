@@ -18,9 +18,11 @@ type port interface {
 	readErr() (fabric.CQError, bool, error)
 	// waitable reports whether wait may block until traffic arrives.
 	waitable() bool
-	// wait blocks until traffic, a signal or ms, then reaps; woke says
-	// the wait ended early (or did not block): the endpoint has work.
-	wait(ms int) (slots []uint32, woke bool, err error)
+	// tryWait reports whether the loop may block (fi_trywait), and
+	// block waits until traffic, a signal or ms (true unless ms passed),
+	// calling no libfabric function.
+	tryWait() (bool, error)
+	block(ms int) bool
 	// remoteOps counts peers' RMA ops on this endpoint (0 when it cannot):
 	// a target's only sign that peers keep it busy when no wait fd wakes.
 	remoteOps() uint64
@@ -52,7 +54,8 @@ func (p *endpointPort) post(n int) (int, error)                { return p.q.Post
 func (p *endpointPort) reap() ([]uint32, error)                { return p.q.Reap(p.raw) }
 func (p *endpointPort) readErr() (fabric.CQError, bool, error) { return p.q.ReadErr(p.raw) }
 func (p *endpointPort) waitable() bool                         { return p.ep.Waitable() }
-func (p *endpointPort) wait(ms int) ([]uint32, bool, error)    { return p.q.Wait(p.raw, ms) }
+func (p *endpointPort) tryWait() (bool, error)                 { return p.raw.TryWait() }
+func (p *endpointPort) block(ms int) bool                      { return p.raw.Block(ms) }
 func (p *endpointPort) remoteOps() uint64                      { return p.raw.RemoteOps() }
 func (p *endpointPort) signal()                                { p.raw.Signal() }
 func (p *endpointPort) pollEQ() *fabric.EQError                { return p.ep.PollEQ() }

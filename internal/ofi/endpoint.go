@@ -150,6 +150,27 @@ func (ep *Endpoint) RemoteOps() uint64 { return uint64(C.ft_remote_ops(&ep.e)) }
 // HasRemoteOps reports whether RemoteOps counts.
 func (ep *Endpoint) HasRemoteOps() bool { return ep.e.remote_cntr != nil }
 
+// TryWait is fi_trywait on the CQ: true when nothing is pending and the
+// caller may Block; false when it must read the CQ first. Like every
+// libfabric call, serialized with the endpoint's other calls. Only for
+// Waitable endpoints.
+func (ep *Endpoint) TryWait() (bool, error) {
+	rc := C.ft_trywait(&ep.e)
+	if rc == -C.FI_EAGAIN {
+		return false, nil
+	}
+	return rc == 0, check("fi_trywait", rc)
+}
+
+// Block waits up to timeoutMs for traffic on the CQ's wait fd or for
+// Signal, and reports whether one came. It calls no libfabric function:
+// other goroutines may drive the endpoint meanwhile (and then Signal, so
+// that the blocked one calls TryWait again). Only after TryWait said
+// true, and before Close.
+func (ep *Endpoint) Block(timeoutMs int) bool {
+	return C.ft_block(&ep.e, C.int(ep.sigFd), C.int(timeoutMs)) == 1
+}
+
 // Signal wakes a Wait in progress, or the next one. Safe from any
 // goroutine, also after Close.
 func (ep *Endpoint) Signal() {

@@ -364,10 +364,15 @@ int ft_cq_read(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,
 	return (int)ret;
 }
 
-int ft_cq_wait(struct ft_ep *e, int sig_fd, const struct fi_context2 *ctx, uint32_t nctx,
-	       uint32_t *slots, int max, int timeout_ms, int *woke)
+int ft_trywait(struct ft_ep *e)
 {
 	struct fid *fids[1] = { &e->cq->fid };
+
+	return fi_trywait(e->fabric, fids, 1);
+}
+
+int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms)
+{
 	/* Our own eventfd, not fi_cq_signal: fi_trywait resets the CQ's
 	 * signal, so a signal sent just before it would be lost. */
 	struct pollfd pfd[2] = { { .fd = e->wait_fd, .events = POLLIN },
@@ -375,18 +380,12 @@ int ft_cq_wait(struct ft_ep *e, int sig_fd, const struct fi_context2 *ctx, uint3
 	uint64_t drained;
 	int ret;
 
-	*woke = 1;
-	ret = fi_trywait(e->fabric, fids, 1);
-	if (ret == FI_SUCCESS) {
-		ret = poll(pfd, 2, timeout_ms);
-		if (ret <= 0)
-			*woke = 0; /* timed out, or a signal to the thread */
-		else if (pfd[1].revents & POLLIN)
-			(void)!read(sig_fd, &drained, sizeof(drained));
-	} else if (ret != -FI_EAGAIN) {
-		return ret;
-	}
-	return ft_cq_read(e->cq, ctx, nctx, slots, max);
+	ret = poll(pfd, 2, timeout_ms);
+	if (ret <= 0)
+		return 0; /* timed out, or a signal to the thread */
+	if (pfd[1].revents & POLLIN)
+		(void)!read(sig_fd, &drained, sizeof(drained));
+	return 1;
 }
 
 int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,

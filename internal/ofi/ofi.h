@@ -84,12 +84,14 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
 	       struct ft_ep *out, const char **stage);
 
-/* Waits up to timeout_ms for the CQ's wait fd (after fi_trywait says
- * nothing is pending) or sig_fd (an eventfd, consumed here), then reads up
- * to max completions as ft_cq_read. *woke is 1 when the wait ended before
- * its timeout — traffic for the endpoint, or sig_fd — or did not block. */
-int ft_cq_wait(struct ft_ep *e, int sig_fd, const struct fi_context2 *ctx, uint32_t nctx,
-	       uint32_t *slots, int max, int timeout_ms, int *woke);
+/* fi_trywait on the endpoint's CQ: 0 when the caller may block on its
+ * wait fd (ft_block), -FI_EAGAIN when it must read the CQ first. */
+int ft_trywait(struct ft_ep *e);
+
+/* Blocks up to timeout_ms on the CQ's wait fd and sig_fd (an eventfd,
+ * consumed here); returns 1 when one of them woke it, 0 on timeout or a
+ * signal to the thread. It calls no libfabric function. */
+int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms);
 void ft_ep_close(struct ft_ep *e);
 
 /* Peers' RMA ops on the endpoint so far (its remote counter), or 0

@@ -116,18 +116,18 @@ func (q *Queue) Reap(ep *Endpoint) ([]uint32, error) {
 	return q.slots[:n], nil
 }
 
-// Wait is Reap that first blocks on the CQ's wait fd for up to timeoutMs
-// when nothing is pending (fi_trywait). woke reports that the wait ended
-// early — traffic for the endpoint, Signal — or did not block: the
-// endpoint has work even when no completion came of it (a peer's RMA on a
-// target). Only for Waitable endpoints.
+// Wait is Reap after ep.TryWait and, when that allows, ep.Block: woke
+// reports that the wait ended early — traffic for the endpoint, Signal —
+// or did not block: the endpoint has work even when no completion came of
+// it (a peer's RMA on a target). Only for Waitable endpoints.
 func (q *Queue) Wait(ep *Endpoint, timeoutMs int) (slots []uint32, woke bool, err error) {
-	var w C.int
-	n := C.ft_cq_wait(&ep.e, C.int(ep.sigFd), q.ctx, C.uint32_t(q.nslots), (*C.uint32_t)(&q.slots[0]), reapMax, C.int(timeoutMs), &w)
-	if n < 0 {
-		return nil, w == 1, check("fi_trywait/fi_cq_read", n)
+	mayBlock, err := ep.TryWait()
+	if err != nil {
+		return nil, false, err
 	}
-	return q.slots[:n], w == 1, nil
+	woke = !mayBlock || ep.Block(timeoutMs)
+	slots, err = q.Reap(ep)
+	return slots, woke, err
 }
 
 // ReadErr reads one error completion; ok is false when none was waiting.
