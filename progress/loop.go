@@ -483,6 +483,10 @@ func (l *Loop) Wedged() error {
 	return nil
 }
 
+// WedgeAfter is how long a libfabric call on the endpoint may run before
+// Wedged reports it.
+func (l *Loop) WedgeAfter() time.Duration { return l.wedgeAfter }
+
 // Activity counts the ops posted and completed so far: while more were
 // posted than completed, a completion count that does not move says the
 // link does not.

@@ -110,6 +110,7 @@ func (m *Manager) register(st *bufState, access mr.Access) (*Buffer, error) {
 	if access&^mr.ReadWrite != 0 {
 		return nil, fmt.Errorf("register: unknown access bits %#x", uint8(access))
 	}
+	m.afterPeerDeaths(nil)
 	b, stuck, err := m.registerOnce(st, access)
 	if stuck != nil && m.replaceIfStuck(stuck, err) {
 		*st = bufState{mem: st.mem, base: st.base, size: st.size, iface: st.iface, device: st.device, devicePCI: st.devicePCI}

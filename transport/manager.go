@@ -64,9 +64,12 @@ type Manager struct {
 	// replaceMu: a replacement holds it, a registration reads it, so
 	// that a buffer is registered on one consistent set of backends.
 	replaceMu sync.RWMutex
-	bufsMu    sync.Mutex
-	bufs      map[uint64]*bufState
-	nextID    atomic.Uint64
+	// deathsMu: one check of the shm endpoint after peers' deaths at a
+	// time (afterPeerDeaths).
+	deathsMu sync.Mutex
+	bufsMu   sync.Mutex
+	bufs     map[uint64]*bufState
+	nextID   atomic.Uint64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -205,8 +206,20 @@ func parseProof(b []byte, p *sameNodePeer) (pid int, err error) {
 type verifier struct {
 	ln    *net.UnixListener
 	mu    sync.Mutex
-	conns map[*net.UnixConn]struct{}
+	conns map[*net.UnixConn]*verifiedPeer
 	wg    sync.WaitGroup
+	// stop ends what the connections' goroutines wait for (a self check)
+	// when the manager closes.
+	stop   context.Context
+	cancel context.CancelFunc
+}
+
+// verifiedPeer is the process at the other end of a verifier connection,
+// as the kernel named it.
+type verifiedPeer struct {
+	pid   int
+	pidfd int  // -1 when pidfd_open failed: proc.Gone then
+	dead  bool // its exit, or the end of its connection, was seen (takeDeaths)
 }
 
 // startVerifier listens for peers that want to verify this manager.
@@ -215,7 +228,8 @@ func (m *Manager) startVerifier() error {
 	if err != nil {
 		return fmt.Errorf("same-node verifier socket: %w", err)
 	}
-	v := &verifier{ln: ln, conns: map[*net.UnixConn]struct{}{}}
+	v := &verifier{ln: ln, conns: map[*net.UnixConn]*verifiedPeer{}}
+	v.stop, v.cancel = context.WithCancel(context.Background())
 	m.verifier = v
 	uid := uint32(os.Geteuid())
 	v.wg.Add(1)
@@ -235,7 +249,7 @@ func (m *Manager) startVerifier() error {
 				_ = c.Close() // another user's process learns nothing
 				continue
 			}
-			if !v.track(c) {
+			if !v.track(c, int(cred.Pid)) {
 				_ = c.Close()
 				return
 			}
@@ -254,6 +268,7 @@ func (m *Manager) startVerifier() error {
 					return
 				}
 				m.serveMem(c, int(cred.Pid)) // held open until the peer or Close ends it
+				m.afterPeerDeaths(c)
 			}()
 		}
 	}()
@@ -269,21 +284,68 @@ func (m *Manager) attendSameNode() (release func()) {
 	return func() {}
 }
 
-func (v *verifier) track(c *net.UnixConn) bool {
+func (v *verifier) track(c *net.UnixConn, pid int) bool {
+	// The peer is connected, so pid is its process, not a reused number.
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		fd = -1
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.conns == nil {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
 		return false
 	}
-	v.conns[c] = struct{}{}
+	v.conns[c] = &verifiedPeer{pid: pid, pidfd: fd}
 	return true
 }
 
 func (v *verifier) untrack(c *net.UnixConn) {
 	v.mu.Lock()
+	p := v.conns[c]
 	delete(v.conns, c)
 	v.mu.Unlock()
 	_ = c.Close()
+	if p != nil && p.pidfd >= 0 {
+		_ = unix.Close(p.pidfd)
+	}
+}
+
+// takeDeaths reports whether a connected peer's process has exited since
+// the last call — or, when left is not nil, whether left's peer had not
+// been taken yet: a process that dies closes its sockets before its
+// pidfd says it exited, so the end of its connection is the earlier sign.
+func (v *verifier) takeDeaths(left *net.UnixConn) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if left != nil {
+		p := v.conns[left]
+		if p == nil || p.dead {
+			return false
+		}
+		p.dead = true
+		return true
+	}
+	died := false
+	for _, p := range v.conns {
+		if !p.dead && p.exited() {
+			p.dead, died = true, true
+		}
+	}
+	return died
+}
+
+func (p *verifiedPeer) exited() bool {
+	if p.pidfd < 0 {
+		gone, _ := proc.Gone(p.pid)
+		return gone
+	}
+	// A pidfd polls readable once its process has exited.
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
 }
 
 // dropPeers ends the connections of the peers verified so far: they
@@ -299,11 +361,15 @@ func (v *verifier) dropPeers() {
 // close stops listening and ends every verified peer's connection.
 func (v *verifier) close() {
 	_ = v.ln.Close()
+	v.cancel()
 	v.mu.Lock()
-	for c := range v.conns {
+	for c, p := range v.conns {
 		_ = c.Close()
+		if p.pidfd >= 0 {
+			_ = unix.Close(p.pidfd)
+		}
 	}
-	v.conns = nil
+	v.conns = nil // untrack finds nothing more to close; track refuses
 	v.mu.Unlock()
 	v.wg.Wait()
 }

@@ -16,6 +16,7 @@ import (
 // entry.
 type Scratch struct {
 	table     *fabric.MR
+	tableAt   uintptr // the table's address
 	mem       []byte
 	mr        *fabric.MR
 	slots     chan uint32
@@ -29,7 +30,7 @@ func (r *Route) RegisterScratch(table []byte, entrySize, n int) error {
 	if err != nil {
 		return err
 	}
-	s := &Scratch{mem: smem, slots: make(chan uint32, n), entrySize: entrySize}
+	s := &Scratch{tableAt: mr.Addr(table), mem: smem, slots: make(chan uint32, n), entrySize: entrySize}
 	for i := uint32(0); i < uint32(n); i++ {
 		s.slots <- i
 	}

@@ -1,0 +1,65 @@
+package libfabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// SelfCheckNeeded reports whether a peer process that died can leave the
+// endpoint unusable without its own loop ever noticing: libfabric 1.x's
+// shm lets a peer hold this endpoint's region lock for a whole copy, and
+// looks at the lock only when the peer signalled it — so a peer killed
+// mid-copy blocks every later peer inside its fi_write, while this side's
+// progress calls go on returning (prov/shm/src/smr_rma.c, smr_progress.c,
+// v1.17.0).
+func (r *Route) SelfCheckNeeded() bool {
+	return r.Scratch != nil && r.loop.Endpoint().CallsMayNeverReturn()
+}
+
+// SelfCheck reads the first entry of the route's own guard table through
+// its own endpoint: on shm an op to oneself takes the region lock as a
+// peer's does, so it completes when the lock is free and wedges the
+// endpoint (a *progress.WedgedError within the policy's WedgeAfter) when
+// a dead process holds it. It needs Scratch.
+func (r *Route) SelfCheck(ctx context.Context) error {
+	s := r.Scratch
+	if s == nil {
+		return errors.New("self check: the route has no scratch memory")
+	}
+	p, err := r.Peer(r.name)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	// Past the wedge: a stuck read ends as wedged, not as late.
+	deadline := start.Add(2 * r.loop.WedgeAfter())
+	x := r.NewXfer(nil)
+	x.Aim(p, progress.Read, start, deadline, os.Getpid())
+	release := true
+	defer func() {
+		if release {
+			x.Release()
+		}
+	}()
+	if _, err := x.ReadEntry(ctx, deadline, mr.RemoteAddr(r.VirtAddr, s.tableAt, 0), s.TableKey()); err != nil {
+		return err
+	}
+	if err := x.Submit(); err != nil {
+		return err
+	}
+	if err := r.Wait(ctx, x); err != nil {
+		var we *progress.WedgedError
+		release = !errors.As(err, &we) // the wedged loop keeps the job and its scratch
+		return err
+	}
+	if j := x.Job(); len(j.Errs) > 0 {
+		return fmt.Errorf("self check: %w", j.Errs[0])
+	}
+	return nil
+}
