@@ -139,6 +139,7 @@ type Loop struct {
 	// passive: callers never call libfabric themselves (Wait, Poll): a
 	// call may never return on this endpoint (port.callsMayNeverReturn).
 	passive    bool
+	counted    bool // the endpoint counts peers' RMA ops (port.hasRemoteOps)
 	log        zerolog.Logger
 	wedgeAfter time.Duration
 
@@ -189,6 +190,8 @@ type Loop struct {
 	stale      int    // completions whose op context was not live (logged, dropped)
 	woke       bool   // a job finished in this round of iterate (run yields then)
 	remoteSeen uint64 // port.remoteOps at the last look (peersActive)
+	// tryWaitLogged: monoNow of the last fi_trywait failure logged (block).
+	tryWaitLogged int64
 }
 
 // monoBase is the origin of monoNow.
@@ -214,7 +217,7 @@ func Start(ep *endpoint.Endpoint, policy PollPolicy, log zerolog.Logger) *Loop {
 func newLoop(p port, depth int, policy PollPolicy, log zerolog.Logger) *Loop {
 	l := &Loop{
 		port: p, policy: policy.normalized(), log: log.With().Str("provider", p.provider()).Logger(),
-		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(), roundDone: make(chan struct{}, 1),
+		wedgeAfter: policy.normalized().WedgeAfter, passive: p.callsMayNeverReturn(), counted: p.hasRemoteOps(), roundDone: make(chan struct{}, 1),
 		wake: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slotRec, depth), free: make([]uint32, depth),
 		batch: make([]posting, 0, postBatch), lastActive: monoNow(), postMax: postBatch,
@@ -404,9 +407,6 @@ func (l *Loop) acquireWithin(d time.Duration) error {
 		if time.Duration(monoNow()-start) > d {
 			return errBusy
 		}
-		if l.sleeping.Load() {
-			l.port.signal()
-		}
 		time.Sleep(20 * time.Microsecond)
 	}
 	return nil
@@ -435,9 +435,6 @@ func (l *Loop) acquire() error {
 	for !l.drive.TryLock() {
 		if err := l.Wedged(); err != nil {
 			return err
-		}
-		if l.sleeping.Load() {
-			l.port.signal()
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
@@ -1098,15 +1095,30 @@ func (l *Loop) block(d time.Duration) bool {
 		l.drive.Unlock()
 		return false
 	}
-	l.inCall.Store(monoNow())
+	now := monoNow()
+	l.inCall.Store(now)
 	mayBlock, err := l.port.tryWait()
 	l.inCall.Store(0)
 	l.drive.Unlock()
-	woke := true
 	if err != nil {
-		l.log.Error().Err(err).Msg("fi_trywait failed")
-	} else if mayBlock {
-		woke = l.port.block(max(int(d/time.Millisecond), 1))
+		// Never seen; waiting as a loop without a wait fd does keeps
+		// the endpoint served without spinning on the error.
+		if now-l.tryWaitLogged >= int64(time.Minute) || l.tryWaitLogged == 0 {
+			l.tryWaitLogged = now
+			l.log.Error().Err(err).Msg("fi_trywait failed: the loop sleeps between polls instead")
+		}
+		l.pause(d)
+		return false
+	}
+	// Something pending (fi_trywait said read first) or traffic that woke
+	// the wait is activity, even when it completes nothing of ours (a
+	// peer's RMA on this target): the loop spins after it, so peers that
+	// keep a target busy find it polling instead of paying a wake-up per
+	// op. A Signal alone is not: it says another goroutine drove the
+	// endpoint, or wants the loop to look at its queue.
+	busy := !mayBlock
+	if mayBlock {
+		busy = l.port.block(max(int(d/time.Millisecond), 1))
 	}
 	l.drive.Lock()
 	defer l.drive.Unlock()
@@ -1116,11 +1128,7 @@ func (l *Loop) block(d time.Duration) bool {
 	l.inCall.Store(monoNow())
 	slots, err := l.port.reap()
 	l.inCall.Store(0)
-	// Traffic that woke the wait is activity even when it completes
-	// nothing of ours (a peer's RMA on this target): the loop spins after
-	// it, so peers that keep a target busy find it polling instead of
-	// paying a wake-up per op.
-	worked := l.handle(slots, err) || woke
+	worked := l.handle(slots, err) || busy
 	if worked {
 		l.lastActive = monoNow()
 	}
@@ -1139,8 +1147,12 @@ func (l *Loop) wakeIfSleeping() {
 // peersActive reports whether peers' RMA ops reached the endpoint since
 // the last look (its remote counter moved): activity, as for a waitable
 // endpoint traffic that wakes its wait. Only the background goroutine
-// calls it, when the loop would stop spinning: not once per round.
+// calls it, each round once Spin has passed since the last activity; an
+// endpoint without a counter answers false without a call.
 func (l *Loop) peersActive() bool {
+	if !l.counted {
+		return false
+	}
 	l.drive.Lock()
 	defer l.drive.Unlock()
 	if l.down {

@@ -44,6 +44,7 @@ type fakePort struct {
 	sig     chan struct{}
 	traffic chan struct{} // a peer's op on this target: wakes a wait, completes nothing
 	remote  atomic.Uint64 // peers' RMA ops on this target (remoteOps)
+	counted bool          // hasRemoteOps
 	waits   atomic.Int64  // wait calls
 	reaps   atomic.Int64  // CQ reads, by reap or wait: rounds of progress
 }
@@ -137,6 +138,8 @@ func (f *fakePort) waitable() bool { return f.canWait }
 
 func (f *fakePort) remoteOps() uint64 { return f.remote.Load() }
 
+func (f *fakePort) hasRemoteOps() bool { return f.counted }
+
 func (f *fakePort) tryWait() (bool, error) { return true, nil }
 
 func (f *fakePort) block(ms int) bool {
@@ -145,11 +148,12 @@ func (f *fakePort) block(ms int) bool {
 	defer t.Stop()
 	select {
 	case <-f.sig:
+		return false
 	case <-f.traffic:
+		return true
 	case <-t.C:
 		return false
 	}
-	return true
 }
 
 // signal is kept until a wait takes it, as libfabric's CQ keeps one.
@@ -680,11 +684,44 @@ func TestTrafficKeepsTargetPolling(t *testing.T) {
 	assert.Greater(t, f.reaps.Load()-reaps, int64(100), "rounds of progress between the traffic and the next wait")
 }
 
+// TestSignalIsNotActivity: a goroutine that drove the endpoint while the
+// loop was blocked on its CQ's fd signals it when done (Do, Poll, Wait),
+// so that it looks again; that look is not activity: the loop blocks
+// again at once instead of spinning for Spin.
+func TestSignalIsNotActivity(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	policy := DefaultPollPolicy
+	policy.Spin = time.Second
+	l := newLoop(f, 4, policy, zerolog.Nop())
+	l.parkFor = time.Hour
+	go l.run()
+	defer l.Close(nil)
+	parked := func() bool { return l.Parked() && l.sleeping.Load() }
+	for _, drive := range []struct {
+		name string
+		fn   func()
+	}{
+		{"Do", func() { require.NoError(t, l.Do(func() {})) }},
+		{"Poll", func() { l.Poll() }},
+	} {
+		require.Eventually(t, parked, 10*time.Second, time.Millisecond)
+		waits, reaps := f.waits.Load(), f.reaps.Load()
+		drive.fn()
+		require.Eventually(t, func() bool { return f.waits.Load() > waits }, 10*time.Second, time.Millisecond,
+			"%s: the loop did not wait again", drive.name)
+		// Its own look, and the caller's (Poll): a spinning loop would
+		// have thousands in its second.
+		assert.LessOrEqual(t, f.reaps.Load()-reaps, int64(3), "%s: rounds of progress before the loop waited again", drive.name)
+	}
+}
+
 // TestRemoteOpsKeepTargetPolling: on an endpoint with no wait fd, peers'
 // RMA ops that its remote counter saw count as activity too: a loop that
 // had slowed to a poll a second polls without pause again.
 func TestRemoteOpsKeepTargetPolling(t *testing.T) {
 	f := newFakePort()
+	f.counted = true
 	policy := PollPolicy{Spin: 300 * time.Millisecond, MinSleep: time.Second, MaxSleep: time.Second}
 	l := newLoop(f, 4, policy, zerolog.Nop())
 	go l.run()

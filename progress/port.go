@@ -19,13 +19,14 @@ type port interface {
 	// waitable reports whether wait may block until traffic arrives.
 	waitable() bool
 	// tryWait reports whether the loop may block (fi_trywait), and
-	// block waits until traffic, a signal or ms (true unless ms passed),
-	// calling no libfabric function.
+	// block waits until traffic, a signal or ms, calling no libfabric
+	// function, and reports whether traffic (the CQ's fd) woke it.
 	tryWait() (bool, error)
 	block(ms int) bool
 	// remoteOps counts peers' RMA ops on this endpoint (0 when it cannot):
 	// a target's only sign that peers keep it busy when no wait fd wakes.
 	remoteOps() uint64
+	hasRemoteOps() bool
 	// signal makes a wait in progress return.
 	signal()
 	pollEQ() *fabric.EQError
@@ -55,8 +56,14 @@ func (p *endpointPort) reap() ([]uint32, error)                { return p.q.Reap
 func (p *endpointPort) readErr() (fabric.CQError, bool, error) { return p.q.ReadErr(p.raw) }
 func (p *endpointPort) waitable() bool                         { return p.ep.Waitable() }
 func (p *endpointPort) tryWait() (bool, error)                 { return p.raw.TryWait() }
-func (p *endpointPort) block(ms int) bool                      { return p.raw.Block(ms) }
 func (p *endpointPort) remoteOps() uint64                      { return p.raw.RemoteOps() }
+func (p *endpointPort) hasRemoteOps() bool                     { return p.raw.HasRemoteOps() }
+
+// block reports traffic only: a Signal says nothing of the endpoint.
+func (p *endpointPort) block(ms int) bool {
+	traffic, _ := p.raw.Block(ms)
+	return traffic
+}
 func (p *endpointPort) signal()                                { p.raw.Signal() }
 func (p *endpointPort) pollEQ() *fabric.EQError                { return p.ep.PollEQ() }
 func (p *endpointPort) unsafeToCloseInFlight() bool            { return p.ep.UnsafeToCloseInFlight() }

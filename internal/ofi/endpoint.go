@@ -79,7 +79,7 @@ func (d *Domain) OpenEndpoint(cqSize int, cqWait bool, opts EndpointOptions) (*E
 	ep.eqMsg = (*C.char)(C.calloc(eqMsgLen, 1))
 	name, err := ep.getName()
 	if err != nil {
-		C.ft_ep_close(&ep.e)
+		ep.Close() // the eventfd and eqMsg too
 		return nil, err
 	}
 	ep.name = name
@@ -163,12 +163,15 @@ func (ep *Endpoint) TryWait() (bool, error) {
 }
 
 // Block waits up to timeoutMs for traffic on the CQ's wait fd or for
-// Signal, and reports whether one came. It calls no libfabric function:
-// other goroutines may drive the endpoint meanwhile (and then Signal, so
-// that the blocked one calls TryWait again). Only after TryWait said
-// true, and before Close.
-func (ep *Endpoint) Block(timeoutMs int) bool {
-	return C.ft_block(&ep.e, C.int(ep.sigFd), C.int(timeoutMs)) == 1
+// Signal, and reports which came: traffic when the CQ's fd woke it (with
+// or without a Signal), signalled when a Signal alone did. It calls no
+// libfabric function: other goroutines may drive the endpoint meanwhile
+// (and then Signal, so that the blocked one calls TryWait again). Only
+// after TryWait said true, and on the goroutine that closes the endpoint
+// (so sigFd is read without sigMu: only Close changes it).
+func (ep *Endpoint) Block(timeoutMs int) (traffic, signalled bool) {
+	rc := C.ft_block(&ep.e, C.int(ep.sigFd), C.int(timeoutMs))
+	return rc == 2, rc == 1
 }
 
 // Signal wakes a Wait in progress, or the next one. Safe from any

@@ -77,8 +77,8 @@ struct ft_ep_opts {
 };
 
 /* Opens and enables an endpoint on the domain. cq_size 0 lets the provider
- * choose. With cq_wait the CQ gets an FI_WAIT_FD wait object (ft_cq_wait,
- * fi_cq_signal) when the provider supports one; *waitable says whether it
+ * choose. With cq_wait the CQ gets an FI_WAIT_FD wait object (ft_trywait,
+ * ft_block) when the provider supports one; *waitable says whether it
  * did. opts may be NULL. On error *stage names the call that failed. */
 int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
 	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
@@ -89,8 +89,9 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 int ft_trywait(struct ft_ep *e);
 
 /* Blocks up to timeout_ms on the CQ's wait fd and sig_fd (an eventfd,
- * consumed here); returns 1 when one of them woke it, 0 on timeout or a
- * signal to the thread. It calls no libfabric function. */
+ * consumed here); returns 2 when the CQ's fd woke it (traffic), 1 when
+ * sig_fd alone did, 0 on timeout or a signal to the thread. It calls no
+ * libfabric function. */
 int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms);
 void ft_ep_close(struct ft_ep *e);
 

@@ -116,20 +116,6 @@ func (q *Queue) Reap(ep *Endpoint) ([]uint32, error) {
 	return q.slots[:n], nil
 }
 
-// Wait is Reap after ep.TryWait and, when that allows, ep.Block: woke
-// reports that the wait ended early — traffic for the endpoint, Signal —
-// or did not block: the endpoint has work even when no completion came of
-// it (a peer's RMA on a target). Only for Waitable endpoints.
-func (q *Queue) Wait(ep *Endpoint, timeoutMs int) (slots []uint32, woke bool, err error) {
-	mayBlock, err := ep.TryWait()
-	if err != nil {
-		return nil, false, err
-	}
-	woke = !mayBlock || ep.Block(timeoutMs)
-	slots, err = q.Reap(ep)
-	return slots, woke, err
-}
-
 // ReadErr reads one error completion; ok is false when none was waiting.
 func (q *Queue) ReadErr(ep *Endpoint) (e CQError, ok bool, err error) {
 	rc := C.ft_cq_readerr(ep.e.cq, q.ctx, C.uint32_t(q.nslots), q.err)
