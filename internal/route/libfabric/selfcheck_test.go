@@ -1,0 +1,39 @@
+package libfabric
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// TestSelfCheck: an shm route reads its own guard table through its own
+// endpoint, and the bytes are the table's; only libfabric 1.x's shm needs
+// the check (a dead peer can block it unseen). The wedge it exists to
+// find is test/TestInitiatorKilled's.
+func TestSelfCheck(t *testing.T) {
+	r := open(t, fabric.BackendSHM)
+	table, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	for i := range table {
+		table[i] = byte(i*7 + 1)
+	}
+	const entry = 64
+	require.NoError(t, r.RegisterScratch(table, entry, 4))
+	t.Cleanup(func() { // before open's Close, a no-op then
+		require.NoError(t, r.Close())
+		r.FreeScratch()
+		require.NoError(t, mr.Free(table))
+	})
+	assert.Equal(t, fabric.RuntimeVersion().Major() < 2, r.SelfCheckNeeded())
+	for range 3 { // the first inserts the route's own address
+		require.NoError(t, r.SelfCheck(context.Background()))
+	}
+	// Every slot is back: a fourth check would wait for one otherwise.
+	assert.Len(t, r.Scratch.slots, 4)
+	assert.Equal(t, table[:entry], r.Scratch.entry(0)[:entry], "what the read brought")
+}
