@@ -659,11 +659,14 @@ func TestIdleLoopBlocksInWaitObject(t *testing.T) {
 	require.NoError(t, l.Close(nil))
 }
 
-// TestTrafficKeepsTargetPolling: traffic that wakes a parked loop's wait
-// completes nothing of its own (a peer's RMA on a target) yet counts as
-// activity: the loop polls for the policy's Spin before it waits again,
-// so a peer that keeps the target busy pays no wake-up per op.
-func TestTrafficKeepsTargetPolling(t *testing.T) {
+// TestBlockedLoopWakeUps: what wakes a loop blocked on its CQ's fd, and
+// whether that is activity. Traffic completes nothing of the loop's own
+// (a peer's RMA on a target) yet is: the loop polls for the policy's Spin
+// before it waits again, so a peer that keeps the target busy pays no
+// wake-up per op. The signal of a goroutine that drove the endpoint
+// meanwhile (Do, Poll; Wait too) is not: it only makes the loop look
+// again, and it waits again at once.
+func TestBlockedLoopWakeUps(t *testing.T) {
 	f := newFakePort()
 	f.canWait = true
 	policy := DefaultPollPolicy
@@ -673,46 +676,29 @@ func TestTrafficKeepsTargetPolling(t *testing.T) {
 	go l.run()
 	defer l.Close(nil)
 	parked := func() bool { return l.Parked() && l.sleeping.Load() }
-	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
-	waits, reaps := f.waits.Load(), f.reaps.Load()
-
-	f.traffic <- struct{}{}
-	require.Eventually(t, func() bool { return f.waits.Load() > waits }, 10*time.Second, time.Millisecond,
-		"the loop did not wait again after the traffic")
-	// Spin is a second of polling: far more rounds than the few of a
-	// loop that went straight back to its wait.
-	assert.Greater(t, f.reaps.Load()-reaps, int64(100), "rounds of progress between the traffic and the next wait")
-}
-
-// TestSignalIsNotActivity: a goroutine that drove the endpoint while the
-// loop was blocked on its CQ's fd signals it when done (Do, Poll, Wait),
-// so that it looks again; that look is not activity: the loop blocks
-// again at once instead of spinning for Spin.
-func TestSignalIsNotActivity(t *testing.T) {
-	f := newFakePort()
-	f.canWait = true
-	policy := DefaultPollPolicy
-	policy.Spin = time.Second
-	l := newLoop(f, 4, policy, zerolog.Nop())
-	l.parkFor = time.Hour
-	go l.run()
-	defer l.Close(nil)
-	parked := func() bool { return l.Parked() && l.sleeping.Load() }
-	for _, drive := range []struct {
-		name string
-		fn   func()
+	for _, tc := range []struct {
+		name   string
+		wake   func()
+		active bool
 	}{
-		{"Do", func() { require.NoError(t, l.Do(func() {})) }},
-		{"Poll", func() { l.Poll() }},
+		{"traffic", func() { f.traffic <- struct{}{} }, true},
+		{"Do", func() { require.NoError(t, l.Do(func() {})) }, false},
+		{"Poll", func() { l.Poll() }, false},
 	} {
 		require.Eventually(t, parked, 10*time.Second, time.Millisecond)
 		waits, reaps := f.waits.Load(), f.reaps.Load()
-		drive.fn()
+		tc.wake()
 		require.Eventually(t, func() bool { return f.waits.Load() > waits }, 10*time.Second, time.Millisecond,
-			"%s: the loop did not wait again", drive.name)
-		// Its own look, and the caller's (Poll): a spinning loop would
-		// have thousands in its second.
-		assert.LessOrEqual(t, f.reaps.Load()-reaps, int64(3), "%s: rounds of progress before the loop waited again", drive.name)
+			"%s: the loop did not wait again", tc.name)
+		// Spin is a second of polling: thousands of rounds, against
+		// the loop's one look (and Poll's own) of a loop that went
+		// straight back to its wait.
+		rounds := f.reaps.Load() - reaps
+		if tc.active {
+			assert.Greater(t, rounds, int64(100), "%s: rounds of progress before the next wait", tc.name)
+		} else {
+			assert.LessOrEqual(t, rounds, int64(3), "%s: rounds of progress before the next wait", tc.name)
+		}
 	}
 }
 
