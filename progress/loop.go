@@ -320,7 +320,10 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			return nil
 		default:
 		}
-		if i&1023 == 0 {
+		// Every 64 looks, not 1024: a round may take milliseconds (tcp
+		// moving megabytes), and a cancelled waiter must not sit out
+		// a thousand of them.
+		if i&63 == 0 {
 			now := monoNow()
 			if ctx.Err() != nil || now-last > int64(l.policy.Spin) {
 				break
@@ -716,7 +719,10 @@ func (l *Loop) iterate(now int64) bool {
 	if l.iter&1023 == 0 {
 		l.pollEQ()
 	}
-	if len(l.running) > 0 && (l.iter&255 == 0 || !worked && now-l.deadlineAt >= int64(deadlineGrain)) {
+	// By the round's clock, busy or not: a round that completes something
+	// every time may take milliseconds (tcp moving megabytes), and a
+	// busy job must still end at its deadline.
+	if len(l.running) > 0 && (l.iter&255 == 0 || now-l.deadlineAt >= int64(deadlineGrain)) {
 		l.deadlineAt = now
 		l.checkDeadlines(time.Now(), now)
 	}
@@ -741,9 +747,9 @@ func yieldIfDue(now int64, yielded *int64) {
 	}
 }
 
-// deadlineGrain is how often at most an idle round checks deadlines (and
-// every 256th round does anyway): often enough for any deadline, rarely
-// enough that reading the wall clock costs a spinning loop nothing.
+// deadlineGrain is how often at most a round checks deadlines (and every
+// 256th round does anyway): often enough for any deadline, rarely enough
+// that reading the wall clock costs a spinning loop nothing.
 const deadlineGrain = 50 * time.Microsecond
 
 // intake takes the submitted jobs at now (monoNow: the round's clock, not

@@ -32,6 +32,7 @@ type fakePort struct {
 	accept   int // ops one post takes at most; 0: all
 	failNext fabric.Errno
 	auto     bool // every pending op completes at the next reap
+	slow     time.Duration // each reap takes this long (tcp moving megabytes inside fi_cq_read)
 	rng      *rand.Rand
 	gate     chan struct{} // when set, the next post blocks until it is closed
 	blocked  chan struct{} // closed when post blocks on gate
@@ -101,6 +102,9 @@ func (f *fakePort) post(n int) (int, error) {
 
 func (f *fakePort) reap() ([]uint32, error) {
 	f.reaps.Add(1)
+	if f.slow > 0 {
+		time.Sleep(f.slow)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.auto && len(f.pending) > 0 {
@@ -470,6 +474,53 @@ func TestLoopWedgeDetection(t *testing.T) {
 	close(gate)
 	<-stuck
 	assert.NoError(t, l.Wedged())
+}
+
+// TestDeadlineOfABusyJob: a job whose every round completes one of its
+// ops, each round slow (a tcp transfer of megabytes on a loaded machine:
+// 32 chunks of 8 MiB once ran 659 ms past a 20 ms deadline and returned
+// nil), still ends at its deadline, whether its waiter drives the
+// endpoint or the loop's goroutine does, and when its waiter's context
+// is cancelled.
+func TestDeadlineOfABusyJob(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		waiter bool
+		cancel bool // the context's cancel, not the job's deadline
+		want   error
+	}{
+		{"waiter drives", true, false, context.DeadlineExceeded},
+		{"loop drives", false, false, context.DeadlineExceeded},
+		{"waiter cancelled", true, true, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakePort()
+			f.accept, f.auto, f.slow = 1, true, 2*time.Millisecond
+			l := newLoop(f, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
+			go l.run()
+			defer l.Close(nil)
+			const n = 200 // 0.4 s at one op a round, in fewer than 256 rounds
+			j := job(n, nil)
+			j.Start = time.Now()
+			ctx := context.Background()
+			if tc.cancel {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer time.AfterFunc(20*time.Millisecond, cancel).Stop()
+			} else {
+				j.Deadline = j.Start.Add(20 * time.Millisecond)
+			}
+			require.NoError(t, l.Submit(j))
+			if tc.waiter {
+				require.NoError(t, l.Wait(ctx, j))
+			} else {
+				<-j.done
+			}
+			require.NotEmpty(t, j.Errs, "the job ended before all its ops")
+			assert.ErrorIs(t, j.Errs[0], tc.want)
+			assert.Less(t, j.Completed, n)
+		})
+	}
 }
 
 // TestPassiveWaitersKeepTheirDeadline: on an endpoint whose calls may
