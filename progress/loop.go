@@ -190,8 +190,8 @@ type Loop struct {
 	stale      int    // completions whose op context was not live (logged, dropped)
 	woke       bool   // a job finished in this round of iterate (run yields then)
 	remoteSeen uint64 // port.remoteOps at the last look (peersActive)
-	// tryWaitLogged: monoNow of the last fi_trywait failure logged (block).
-	tryWaitLogged int64
+	// waitLogged: monoNow of the last failed wait logged (waitFailed).
+	waitLogged int64
 }
 
 // monoBase is the origin of monoNow.
@@ -1107,13 +1107,7 @@ func (l *Loop) block(d time.Duration) bool {
 	l.inCall.Store(0)
 	l.drive.Unlock()
 	if err != nil {
-		// Never seen; waiting as a loop without a wait fd does keeps
-		// the endpoint served without spinning on the error.
-		if now-l.tryWaitLogged >= int64(time.Minute) || l.tryWaitLogged == 0 {
-			l.tryWaitLogged = now
-			l.log.Error().Err(err).Msg("fi_trywait failed: the loop sleeps between polls instead")
-		}
-		l.pause(d)
+		l.waitFailed(now, err, d)
 		return false
 	}
 	// Something pending (fi_trywait said read first) or traffic that woke
@@ -1124,7 +1118,10 @@ func (l *Loop) block(d time.Duration) bool {
 	// endpoint, or wants the loop to look at its queue.
 	busy := !mayBlock
 	if mayBlock {
-		busy = l.port.block(max(int(d/time.Millisecond), 1))
+		if busy, err = l.port.block(max(int(d/time.Millisecond), 1)); err != nil {
+			l.waitFailed(now, err, d)
+			return false
+		}
 	}
 	l.drive.Lock()
 	defer l.drive.Unlock()
@@ -1139,6 +1136,18 @@ func (l *Loop) block(d time.Duration) bool {
 		l.lastActive = monoNow()
 	}
 	return worked
+}
+
+// waitFailed is block's answer to a failed fi_trywait or wait fd (never
+// seen): it sleeps as a loop without a wait fd does, up to MaxSleep, so
+// that the endpoint is still served without spinning on the error, and
+// logs once a minute.
+func (l *Loop) waitFailed(now int64, err error, d time.Duration) {
+	if l.waitLogged == 0 || now-l.waitLogged >= int64(time.Minute) {
+		l.waitLogged = now
+		l.log.Error().Err(err).Msg("waiting on the CQ's fd failed: the loop sleeps between polls instead")
+	}
+	l.pause(min(d, l.policy.MaxSleep))
 }
 
 // wakeIfSleeping makes a background goroutine blocked on the CQ's fd look

@@ -31,7 +31,7 @@ type fakePort struct {
 	errs     []fabric.CQError
 	accept   int // ops one post takes at most; 0: all
 	failNext fabric.Errno
-	auto     bool // every pending op completes at the next reap
+	auto     bool          // every pending op completes at the next reap
 	slow     time.Duration // each reap takes this long (tcp moving megabytes inside fi_cq_read)
 	rng      *rand.Rand
 	gate     chan struct{} // when set, the next post blocks until it is closed
@@ -146,17 +146,17 @@ func (f *fakePort) hasRemoteOps() bool { return f.counted }
 
 func (f *fakePort) tryWait() (bool, error) { return true, nil }
 
-func (f *fakePort) block(ms int) bool {
+func (f *fakePort) block(ms int) (bool, error) {
 	f.waits.Add(1)
 	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 	defer t.Stop()
 	select {
 	case <-f.sig:
-		return false
+		return false, nil
 	case <-f.traffic:
-		return true
+		return true, nil
 	case <-t.C:
-		return false
+		return false, nil
 	}
 }
 

@@ -22,7 +22,7 @@ type port interface {
 	// block waits until traffic, a signal or ms, calling no libfabric
 	// function, and reports whether traffic (the CQ's fd) woke it.
 	tryWait() (bool, error)
-	block(ms int) bool
+	block(ms int) (bool, error)
 	// remoteOps counts peers' RMA ops on this endpoint (0 when it cannot):
 	// a target's only sign that peers keep it busy when no wait fd wakes.
 	remoteOps() uint64
@@ -60,15 +60,15 @@ func (p *endpointPort) remoteOps() uint64                      { return p.raw.Re
 func (p *endpointPort) hasRemoteOps() bool                     { return p.raw.HasRemoteOps() }
 
 // block reports traffic only: a Signal says nothing of the endpoint.
-func (p *endpointPort) block(ms int) bool {
-	traffic, _ := p.raw.Block(ms)
-	return traffic
+func (p *endpointPort) block(ms int) (bool, error) {
+	traffic, _, err := p.raw.Block(ms)
+	return traffic, err
 }
-func (p *endpointPort) signal()                                { p.raw.Signal() }
-func (p *endpointPort) pollEQ() *fabric.EQError                { return p.ep.PollEQ() }
-func (p *endpointPort) unsafeToCloseInFlight() bool            { return p.ep.UnsafeToCloseInFlight() }
-func (p *endpointPort) abandon()                               { p.ep.Abandon() }
-func (p *endpointPort) callsMayNeverReturn() bool              { return p.ep.CallsMayNeverReturn() }
+func (p *endpointPort) signal()                     { p.raw.Signal() }
+func (p *endpointPort) pollEQ() *fabric.EQError     { return p.ep.PollEQ() }
+func (p *endpointPort) unsafeToCloseInFlight() bool { return p.ep.UnsafeToCloseInFlight() }
+func (p *endpointPort) abandon()                    { p.ep.Abandon() }
+func (p *endpointPort) callsMayNeverReturn() bool   { return p.ep.CallsMayNeverReturn() }
 
 func (p *endpointPort) close() {
 	p.ep.Close()

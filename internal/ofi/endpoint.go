@@ -169,9 +169,12 @@ func (ep *Endpoint) TryWait() (bool, error) {
 // (and then Signal, so that the blocked one calls TryWait again). Only
 // after TryWait said true, and on the goroutine that closes the endpoint
 // (so sigFd is read without sigMu: only Close changes it).
-func (ep *Endpoint) Block(timeoutMs int) (traffic, signalled bool) {
+func (ep *Endpoint) Block(timeoutMs int) (traffic, signalled bool, err error) {
 	rc := C.ft_block(&ep.e, C.int(ep.sigFd), C.int(timeoutMs))
-	return rc == 2, rc == 1
+	if rc < 0 {
+		return false, false, fmt.Errorf("poll on the CQ's wait fd: revents %#x (POLLERR, POLLHUP or POLLNVAL)", -rc)
+	}
+	return rc == 2, rc == 1, nil
 }
 
 // Signal wakes a Wait in progress, or the next one. Safe from any

@@ -385,7 +385,11 @@ int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms)
 		return 0; /* timed out, or a signal to the thread */
 	if (pfd[1].revents & POLLIN)
 		(void)!read(sig_fd, &drained, sizeof(drained));
-	return (pfd[0].revents & POLLIN) ? 2 : 1;
+	if (pfd[0].revents & POLLIN)
+		return 2;
+	if (pfd[0].revents & (POLLERR | POLLHUP | POLLNVAL))
+		return -pfd[0].revents;
+	return 1;
 }
 
 int ft_cq_readerr(struct fid_cq *cq, const struct fi_context2 *ctx, uint32_t nctx,

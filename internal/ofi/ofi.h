@@ -90,8 +90,9 @@ int ft_trywait(struct ft_ep *e);
 
 /* Blocks up to timeout_ms on the CQ's wait fd and sig_fd (an eventfd,
  * consumed here); returns 2 when the CQ's fd woke it (traffic), 1 when
- * sig_fd alone did, 0 on timeout or a signal to the thread. It calls no
- * libfabric function. */
+ * sig_fd alone did, 0 on timeout or a signal to the thread, and minus the
+ * CQ fd's revents when it reported POLLERR, POLLHUP or POLLNVAL. It calls
+ * no libfabric function. */
 int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms);
 void ft_ep_close(struct ft_ep *e);
 

@@ -38,7 +38,8 @@ func TestTargetSignals(t *testing.T) {
 		mayBlock, err := b.ep.TryWait()
 		require.NoError(t, err)
 		require.True(t, mayBlock, "nothing is pending on a new endpoint")
-		traffic, signalled := b.ep.Block(10_000)
+		traffic, signalled, err := b.ep.Block(10_000)
+		require.NoError(t, err)
 		assert.False(t, traffic)
 		require.True(t, signalled, "a Signal sent before the block ended it")
 
@@ -64,8 +65,8 @@ func TestTargetSignals(t *testing.T) {
 		require.True(t, mayBlock)
 		woken := make(chan bool, 1)
 		go func() {
-			traffic, _ := b.ep.Block(10_000)
-			woken <- traffic
+			traffic, _, err := b.ep.Block(10_000)
+			woken <- traffic && err == nil
 		}()
 		blocked := true
 		defer func() {
