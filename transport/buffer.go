@@ -81,7 +81,10 @@ func (m *Manager) Alloc(n int, access mr.Access) (*Buffer, error) {
 // Register registers mem for RMA on every backend of the manager, with
 // the remote access given. mem must come from mr.Alloc (or mr.Adopt):
 // Go heap memory is refused with an error saying so. It stays the
-// caller's: free it only after Close.
+// caller's: free it only after Close. On libfabric 1.x's shm, a Register
+// after a same-node peer died first checks the shm endpoint that death
+// may have blocked, and takes up to the poll policy's WedgeAfter (10 s by
+// default) when it did (docs/RELIABILITY.md).
 func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	if err := mr.CheckOffHeap(mem); err != nil {
 		return nil, err

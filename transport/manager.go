@@ -65,11 +65,13 @@ type Manager struct {
 	// that a buffer is registered on one consistent set of backends.
 	replaceMu sync.RWMutex
 	// deathsMu: one check of the shm endpoint after peers' deaths at a
-	// time (afterPeerDeaths).
-	deathsMu sync.Mutex
-	bufsMu   sync.Mutex
-	bufs     map[uint64]*bufState
-	nextID   atomic.Uint64
+	// time (afterPeerDeaths); deathsChecked is the verifier's death count
+	// the last good check covered.
+	deathsMu      sync.Mutex
+	deathsChecked uint64
+	bufsMu        sync.Mutex
+	bufs          map[uint64]*bufState
+	nextID        atomic.Uint64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,

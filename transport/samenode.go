@@ -207,7 +207,10 @@ type verifier struct {
 	ln    *net.UnixListener
 	mu    sync.Mutex
 	conns map[*net.UnixConn]*verifiedPeer
-	wg    sync.WaitGroup
+	// deaths counts the peers seen to die or leave (takeDeaths), each
+	// process once however many connections it had.
+	deaths uint64
+	wg     sync.WaitGroup
 	// stop ends what the connections' goroutines wait for (a self check)
 	// when the manager closes.
 	stop   context.Context
@@ -313,39 +316,63 @@ func (v *verifier) untrack(c *net.UnixConn) {
 	}
 }
 
-// takeDeaths reports whether a connected peer's process has exited since
-// the last call — or, when left is not nil, whether left's peer had not
-// been taken yet: a process that dies closes its sockets before its
-// pidfd says it exited, so the end of its connection is the earlier sign.
-func (v *verifier) takeDeaths(left *net.UnixConn) bool {
+// takeDeaths counts the peers that died or left: left's, when not nil —
+// a process that dies closes its sockets before its pidfd says it
+// exited, so the end of its connection is the earlier sign — or else
+// those whose pidfd says they exited. It returns the count so far.
+func (v *verifier) takeDeaths(left *net.UnixConn) uint64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if left != nil {
-		p := v.conns[left]
-		if p == nil || p.dead {
-			return false
+		if p := v.conns[left]; p != nil && !p.dead {
+			v.died(p.pid)
 		}
-		p.dead = true
-		return true
+		return v.deaths
 	}
-	died := false
+	fds := make([]unix.PollFd, 0, len(v.conns))
 	for _, p := range v.conns {
-		if !p.dead && p.exited() {
-			p.dead, died = true, true
+		switch {
+		case p.dead:
+		case p.pidfd >= 0:
+			fds = append(fds, unix.PollFd{Fd: int32(p.pidfd), Events: unix.POLLIN})
+		default:
+			if gone, _ := proc.Gone(p.pid); gone {
+				v.died(p.pid)
+			}
 		}
 	}
-	return died
+	// One poll for all: a pidfd polls readable once its process exited.
+	if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+		for _, fd := range fds {
+			if fd.Revents&unix.POLLIN == 0 {
+				continue
+			}
+			for _, p := range v.conns {
+				if p.pidfd == int(fd.Fd) && !p.dead {
+					v.died(p.pid)
+				}
+			}
+		}
+	}
+	return v.deaths
 }
 
-func (p *verifiedPeer) exited() bool {
-	if p.pidfd < 0 {
-		gone, _ := proc.Gone(p.pid)
-		return gone
+// died marks every connection of pid's process as dead and counts it
+// once. Under v.mu.
+func (v *verifier) died(pid int) {
+	for _, p := range v.conns {
+		if p.pid == pid {
+			p.dead = true
+		}
 	}
-	// A pidfd polls readable once its process has exited.
-	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, 0)
-	return err == nil && n > 0
+	v.deaths++
+}
+
+// deathCount is the count takeDeaths returns, without looking.
+func (v *verifier) deathCount() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.deaths
 }
 
 // dropPeers ends the connections of the peers verified so far: they

@@ -51,6 +51,13 @@ func (r *Route) RegisterScratch(table []byte, entrySize, n int) error {
 		return fmt.Errorf("%s guard table: %w", r.Provider, terr)
 	}
 	r.Scratch = s
+	if r.SelfCheckNeeded() {
+		// Now, not in SelfCheck: a check after a death must not wait on
+		// Do, which ignores its context, to insert the address.
+		if p, err := r.Peer(r.name); err == nil {
+			p.Done()
+		}
+	}
 	return nil
 }
 
