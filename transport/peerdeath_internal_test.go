@@ -1,0 +1,61 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// TestVerifierCountsDeaths: the verifier counts a peer that died or left
+// once, however many connections it had (a peer verifies on one and
+// announces its shm use on another), so that one death costs one shared
+// check of the shm endpoint; a registration's look at the pidfds counts a
+// process that exited while its connection is still open.
+func TestVerifierCountsDeaths(t *testing.T) {
+	v := &verifier{conns: map[*net.UnixConn]*verifiedPeer{}}
+	v.stop, v.cancel = context.WithCancel(context.Background())
+	defer v.cancel()
+	conn := func() *net.UnixConn {
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		require.NoError(t, err)
+		unix.Close(pair[1])
+		f := os.NewFile(uintptr(pair[0]), "sock")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	// A child that has exited and is not reaped yet: its pidfd polls
+	// readable, its connection is still open.
+	child := exec.Command("true")
+	require.NoError(t, child.Start())
+	defer child.Wait()
+	pidfd, err := unix.PidfdOpen(child.Process.Pid, 0)
+	require.NoError(t, err)
+	defer unix.Close(pidfd)
+	_, err = unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, 10_000)
+	require.NoError(t, err)
+
+	self := os.Getpid()
+	verify, announce, exited := conn(), conn(), conn()
+	require.True(t, v.track(verify, self))
+	require.True(t, v.track(announce, self))
+	require.True(t, v.track(exited, child.Process.Pid))
+
+	assert.Equal(t, uint64(1), v.takeDeaths(nil), "the child's pidfd says it exited; this process lives")
+	assert.Equal(t, uint64(1), v.takeDeaths(nil), "nothing new")
+	assert.Equal(t, uint64(1), v.takeDeaths(exited), "the child's connection ends: counted already")
+	assert.Equal(t, uint64(2), v.takeDeaths(verify), "this process leaves")
+	assert.Equal(t, uint64(2), v.takeDeaths(announce), "its second connection: the same process")
+	v.untrack(verify)
+	v.untrack(announce)
+	v.untrack(exited)
+	assert.Empty(t, v.conns)
+}
