@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fitransfer/fitransfer/internal/lifeline"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
@@ -58,11 +59,15 @@ type guardTable struct {
 	// which a peer must learn only from the handles it was given.
 	gens    []byte
 	genWord []uint64
-	id      uint64 // random; in every entry
-	base    uint64 // the table's virtual address
-	mu      sync.Mutex
-	free    []uint32
-	next    uint32
+	// life is the lifeline mem peers read in gens after the generations
+	// (lifeOffset): that this process lives, without a system call per
+	// op; nil when gens is not published or the lifeline failed.
+	life *lifeline.Line
+	id   uint64 // random; in every entry
+	base uint64 // the table's virtual address
+	mu   sync.Mutex
+	free []uint32
+	next uint32
 }
 
 func newGuardTable() (*guardTable, error) {
@@ -70,17 +75,28 @@ func newGuardTable() (*guardTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	gens, err := mr.AllocPublished(guardSlots * 8)
+	published := true
+	gens, err := mr.AllocPublished(lifeOffset + lifeline.Size)
 	if err != nil {
+		published = false
 		gens, err = mr.Alloc(guardSlots * 8) // no mem route here: nobody maps it
 	}
 	if err != nil {
 		_ = mr.Free(mem)
 		return nil, err
 	}
-	return &guardTable{mem: mem, words: mr.Words64(mem), gens: gens, genWord: mr.Words64(gens),
-		id: mr.RandomKey(8), base: uint64(mr.Addr(mem))}, nil
+	g := &guardTable{mem: mem, words: mr.Words64(mem), gens: gens, genWord: mr.Words64(gens[:guardSlots*8]),
+		id: mr.RandomKey(8), base: uint64(mr.Addr(mem))}
+	if published {
+		// Without it, peers ask the kernel at every op (a pidfd poll).
+		g.life, _ = lifeline.Hold(gens[lifeOffset:])
+	}
+	return g, nil
 }
+
+// lifeOffset is where the lifeline sits in the published generations:
+// after them.
+const lifeOffset = guardSlots * 8
 
 func (g *guardTable) word(slot uint32, w int) *uint64 {
 	return &g.words[int(slot)*guardEntrySize/8+w]

@@ -696,9 +696,12 @@ func (m *Manager) Close() error {
 			st.freeOwned()
 		}
 	}
-	if m.guard != nil && !wedged {
-		_ = mr.Free(m.guard.mem)
-		_ = mr.Free(m.guard.gens)
+	if m.guard != nil {
+		m.guard.life.Release() // peers' ops see a closed manager as before: the kernel says it lives
+		if !wedged {
+			_ = mr.Free(m.guard.mem)
+			_ = mr.Free(m.guard.gens)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/lifeline"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
@@ -198,7 +199,13 @@ func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
 	m.memPeers.mu.Lock()
 	m.memPeers.list = append(m.memPeers.list, p)
 	m.memPeers.mu.Unlock()
-	err = memAnswer(c, memOK, "", 0, nil, gensFD, useFD)
+	// The size says where the lifeline is, for peers that know of it:
+	// older ones read none.
+	var withLife uint64
+	if m.guard.life != nil {
+		withLife = lifeOffset + lifeline.Size
+	}
+	err = memAnswer(c, memOK, "", withLife, nil, gensFD, useFD)
 	_ = unix.Close(gensFD)
 	_ = unix.Close(useFD)
 	return p, err
@@ -339,6 +346,7 @@ type memLink struct {
 	conn  *net.UnixConn
 	pidfd int      // the owner's: whether it still lives; -1 without
 	gens  []uint64 // the owner's generations, read-only
+	life  *uint32  // the owner's lifeline, in the same mapping; nil when it has none
 	page  []byte   // this manager's use page at the owner
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
@@ -408,11 +416,15 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 		return fail("it answers as another manager")
 	}
 	l := &memLink{owner: p, conn: c, pidfd: -1, maps: map[uint64]*memMap{}}
-	_, fds, err := l.ask([]byte(memCtlReq), nil, 2)
+	withLife, fds, err := l.ask([]byte(memCtlReq), nil, 2)
 	if err != nil {
 		return fail("%v", err)
 	}
-	gm, _, err := mem.Map(fds[0], useSlots*8, false)
+	gensLen := useSlots * 8
+	if withLife == lifeOffset+lifeline.Size { // any other value: an owner without one
+		gensLen = int(withLife)
+	}
+	gm, _, err := mem.Map(fds[0], gensLen, false)
 	if err != nil {
 		_ = unix.Close(fds[1])
 		return fail("its generations: %v", err)
@@ -426,7 +438,10 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
 		l.pidfd = fd
 	}
-	l.gens, l.page, l.uses = mr.Words64(gm), pm, mem.UsesOf(pm)
+	l.gens, l.page, l.uses = mr.Words64(gm[:useSlots*8]), pm, mem.UsesOf(pm)
+	if gensLen > useSlots*8 {
+		l.life, _ = mr.Word32(gm, lifeOffset) // lifeOffset is 8-aligned: the word itself
+	}
 	return l, nil
 }
 
@@ -501,9 +516,13 @@ func (l *memLink) gen(slot uint32) uint64 { return atomic.LoadUint64(l.genWord(s
 // genWord is slot's generation word in the owner's page.
 func (l *memLink) genWord(slot uint32) *uint64 { return &l.gens[slot] }
 
-// alive reports whether the owner process still runs (its pidfd is not
-// readable).
+// alive reports whether the owner process still runs: its lifeline says
+// so (one load), or else its pidfd is not readable (a system call: an
+// owner without a lifeline, or whose manager closed).
 func (l *memLink) alive() bool {
+	if l.life != nil && lifeline.Alive(l.life) {
+		return true
+	}
 	if l.pidfd < 0 {
 		return !l.owner.gone.Load()
 	}
