@@ -21,6 +21,7 @@ func TestGuardTableHoldsLifeline(t *testing.T) {
 	g, err := newGuardTable()
 	require.NoError(t, err)
 	defer func() {
+		g.life.Release() // before the memory it uses goes
 		_ = mr.Free(g.mem)
 		_ = mr.Free(g.gens)
 	}()
