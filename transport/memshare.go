@@ -78,9 +78,7 @@ type memPeer struct {
 // Under p.mu (read).
 func (p *memPeer) dead() bool {
 	if p.pidfd >= 0 {
-		fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
+		return proc.PidfdExited(p.pidfd)
 	}
 	gone, _ := proc.Gone(p.pid)
 	return gone
@@ -526,9 +524,7 @@ func (l *memLink) alive() bool {
 	if l.pidfd < 0 {
 		return !l.owner.gone.Load()
 	}
-	fds := [1]unix.PollFd{{Fd: int32(l.pidfd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds[:], 0)
-	return !(err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0)
+	return !proc.PidfdExited(l.pidfd)
 }
 
 // get returns the mapping of the handle's buffer, holding it for one op:

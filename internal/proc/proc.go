@@ -75,3 +75,11 @@ func ignoringEINTR(call func() (int, error)) (int, error) {
 		}
 	}
 }
+
+// PidfdExited reports whether the process of pidfd has exited: a pidfd
+// polls readable from then on (a zombie too). One system call.
+func PidfdExited(pidfd int) bool {
+	fds := [1]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds[:], 0)
+	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
+}

@@ -29,7 +29,8 @@ func procState(pid int) byte {
 }
 
 // TestGone: a live process is not gone; a zombie (exited, not
-// reaped), which kill(pid, 0) still finds, is; so is a reaped one.
+// reaped), which kill(pid, 0) still finds, is, and its pidfd says so
+// (PidfdExited); so is a reaped one.
 func TestGone(t *testing.T) {
 	gone, why := Gone(os.Getpid())
 	assert.False(t, gone, why)
@@ -51,6 +52,14 @@ func TestGone(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.NoError(t, unix.Kill(pid, 0), "kill(pid, 0) finds the zombie: it cannot tell")
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	require.NoError(t, err)
+	defer unix.Close(pidfd)
+	assert.True(t, PidfdExited(pidfd), "a zombie's pidfd says it exited")
+	self, err := unix.PidfdOpen(os.Getpid(), 0)
+	require.NoError(t, err)
+	defer unix.Close(self)
+	assert.False(t, PidfdExited(self), "a live process's pidfd does not")
 	gone, why = Gone(pid)
 	assert.True(t, gone, "a zombie is gone")
 	assert.Contains(t, why, "zombie")
