@@ -37,18 +37,33 @@ type cmaEntries struct {
 
 // readEntry reads into entry the guard entry of op o's buffer from its
 // owner's table with process_vm_readv, at the address the verified owner
-// gave, or copies it from seen when this request already read it.
-func readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte) error {
+// gave — or takes it from seen, when this request already read it, or
+// from the mem link's cache, when the owner still publishes the
+// generation it was read at (entryCache).
+func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte) error {
 	pid := o.peer.pid
-	addr := o.peer.cma.table + uint64(o.ep.guard.slot)*guardEntrySize
+	slot := o.ep.guard.slot
+	addr := o.peer.cma.table + uint64(slot)*guardEntrySize
 	for i := 0; i < seen.n; i++ {
 		if seen.keys[i].pid == pid && seen.keys[i].addr == addr {
 			*entry = seen.entries[i]
 			return nil
 		}
 	}
-	if err := cma.ReadAt(o.op, pid, addr, entry[:], o.remote.n); err != nil {
-		return err
+	var link *memLink
+	if m.linkOn {
+		link, _ = o.peer.memLink() // without one, every op reads the entry
+	}
+	switch {
+	case link != nil && link.lookup(slot, entry):
+	case link != nil:
+		if err := link.readEntryVia(o, slot, addr, entry); err != nil {
+			return err
+		}
+	default:
+		if err := cma.ReadAt(o.op, pid, addr, entry[:], o.remote.n); err != nil {
+			return err
+		}
 	}
 	if seen.n < len(seen.keys) {
 		seen.keys[seen.n].pid, seen.keys[seen.n].addr = pid, addr
@@ -61,9 +76,9 @@ func readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte) error {
 // cmaCheck reads the buffer's guard entry from its owner (or takes it from
 // seen, when this request already read it) and checks the handle and the
 // op against it.
-func cmaCheck(o *opSpec, seen *cmaEntries) error {
+func (m *Manager) cmaCheck(o *opSpec, seen *cmaEntries) error {
 	var entry [guardEntrySize]byte
-	if err := readEntry(o, seen, &entry); err != nil {
+	if err := m.readEntry(o, seen, &entry); err != nil {
 		return err
 	}
 	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
@@ -90,7 +105,7 @@ func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
 		return true, err // as verifyPeerGuards, before its read
 	}
 	var entry [guardEntrySize]byte
-	if readEntry(o, seen, &entry) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
+	if m.readEntry(o, seen, &entry) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
 		return false, nil
 	}
 	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)

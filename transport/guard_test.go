@@ -15,27 +15,34 @@ import (
 	"github.com/fitransfer/fitransfer/transport"
 )
 
-// TestShmHandleCheck: on shm, every op reads its buffer's guard entry
-// from the owner — whether directly with process_vm_readv (where shm
-// would copy that way itself) or over shm — so a buffer the owner closed,
-// and a handle of the registration that an entry's slot served before,
-// fail with ErrStaleHandle before anything moves, and the new handle
-// works.
+// TestShmHandleCheck: on shm and cma, every op checks its buffer's guard
+// entry at the owner — read directly with process_vm_readv (cma, and shm
+// where shm would copy that way itself), or over shm — or, once read,
+// against the owner's published generation of its slot (entryCache), so a
+// buffer the owner closed, and a handle of the registration that an
+// entry's slot served before, fail with ErrStaleHandle before anything
+// moves, after ops that succeeded on it, and the new handle works.
 func TestShmHandleCheck(t *testing.T) {
 	const n = 4096
-	testenv.RequireRoute(t, testenv.RouteSHM)
-	for _, mode := range []string{"direct", "over shm"} {
+	for _, mode := range []string{"direct", "over shm", "cma"} {
 		t.Run(mode, func(t *testing.T) {
-			m := newManager(t, transport.WithProviders(testenv.RouteSHM))
-			if mode == "over shm" {
+			route := testenv.RouteSHM
+			if mode == "cma" {
+				route = testenv.RouteCMA
+			}
+			testenv.RequireRoute(t, route)
+			m := newManager(t, transport.WithProviders(route))
+			switch ok, _ := transport.CMAAvailable(); {
+			case mode == "over shm":
 				transport.GuardOverShm(m)
-			} else if ok, _ := transport.CMAAvailable(); ok && fabric.RuntimeVersion().Major() == 1 && !fabric.EnvTruthy("FI_SHM_DISABLE_CMA") {
+			case mode == "cma":
+			case ok && fabric.RuntimeVersion().Major() == 1 && !fabric.EnvTruthy("FI_SHM_DISABLE_CMA"):
 				require.True(t, transport.GuardDirect(m), "shm copies with process_vm_readv here: its handle checks must too")
-			} else {
+			default:
 				require.False(t, transport.GuardDirect(m))
 				t.Log("shm does not copy with process_vm_readv here: both modes read over shm")
 			}
-			owner := testpeer.Start(t, testenv.RouteSHM)
+			owner := testpeer.Start(t, route)
 			h := owner.Register(n, mr.ReadWrite, 1)
 			mem := alloc(t, n)
 			local := register(t, m, mem, 0)
@@ -55,8 +62,8 @@ func TestShmHandleCheck(t *testing.T) {
 			// The next registration takes the freed slot, with a new
 			// generation: the old handle names the slot and stays stale.
 			h2 := owner.Register(n, mr.ReadWrite, 2)
-			require.Equal(t, guardOf(t, h).Slot, guardOf(t, h2).Slot, "the slot is reused")
-			require.NotEqual(t, guardOf(t, h).Gen, guardOf(t, h2).Gen)
+			require.Equal(t, guardOf(t, h, route).Slot, guardOf(t, h2, route).Slot, "the slot is reused")
+			require.NotEqual(t, guardOf(t, h, route).Gen, guardOf(t, h2, route).Gen)
 			assert.ErrorIs(t, m.ReadInto(ctx, local, h), transport.ErrStaleHandle)
 			assert.ErrorIs(t, m.WriteFrom(ctx, h, local), transport.ErrStaleHandle)
 			assert.Equal(t, testpeer.Pattern(n, 9), mem)
@@ -78,7 +85,7 @@ type guard struct {
 	Gen  string `json:"gen"`
 }
 
-func guardOf(t *testing.T, h transport.RemoteBuffer) guard {
+func guardOf(t *testing.T, h transport.RemoteBuffer, route string) guard {
 	t.Helper()
 	b, err := json.Marshal(h)
 	require.NoError(t, err)
@@ -90,10 +97,10 @@ func guardOf(t *testing.T, h transport.RemoteBuffer) guard {
 	}
 	require.NoError(t, json.Unmarshal(b, &v))
 	for _, ep := range v.Endpoints {
-		if ep.Provider == testenv.RouteSHM && ep.Guard != nil {
+		if ep.Provider == route && ep.Guard != nil {
 			return *ep.Guard
 		}
 	}
-	t.Fatalf("no shm guard in %s", b)
+	t.Fatalf("no %s guard in %s", route, b)
 	return guard{}
 }

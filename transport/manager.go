@@ -38,7 +38,11 @@ type Manager struct {
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 	memOn    bool      // the mem route: buffers shared with, and mapped from, verified peers
-	memPeers memPeers  // the peers that map this manager's buffers
+	// linkOn: this process may map verified peers' generations pages
+	// (mem.Enabled), for the mem route and for the cma route's checks
+	// (entryCache), and share its own, whichever routes carry data.
+	linkOn   bool
+	memPeers memPeers // the peers that map this manager's buffers
 
 	railsOnce sync.Once
 	// railsActive counts requests over the rails; railsWake wakes
@@ -114,6 +118,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	var picks []pick
 	useCMA, cmaWhy := cma.Available()
 	m.memOn, _ = mem.Enabled()
+	m.linkOn = m.memOn
 	if len(cfg.providers) > 0 {
 		useCMA, m.memOn = false, false
 		for _, p := range cfg.providers {

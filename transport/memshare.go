@@ -147,10 +147,10 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			if !attended {
 				attended, release = true, m.attendSameNode()
 			}
+		case string(req) == memCtlReq && peer == nil && m.linkOn:
+			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:
 			err = memAnswer(c, memRefused, "this manager does not share memory (the mem route is off)", 0, nil)
-		case string(req) == memCtlReq && peer == nil:
-			peer, err = m.newMemPeer(c, pid)
 		case len(req) == memMapLen && string(req[:4]) == memMapReq && peer != nil:
 			fd, status, size, why := m.shareBuffer(req[4:])
 			err = memAnswer(c, status, why, size, req[4:24], fd)
@@ -349,6 +349,9 @@ type memLink struct {
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
 	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
+	// entries: guard entries read from the owner (cma, shm's direct
+	// check), valid while its generations say so.
+	entries entryCache
 }
 
 // memMap is one buffer of the owner, mapped here, with what the owner

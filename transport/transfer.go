@@ -317,7 +317,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 				return err
 			}
 		case o.kind == route.CMA:
-			if err := cmaCheck(o, &cmaSeen); err != nil {
+			if err := m.cmaCheck(o, &cmaSeen); err != nil {
 				return err
 			}
 		case o.kind == route.Mem:

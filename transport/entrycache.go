@@ -1,0 +1,62 @@
+package transport
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+
+	"github.com/fitransfer/fitransfer/internal/route/cma"
+)
+
+// entryCache keeps guard entries a manager read from one owner's table
+// with process_vm_readv (the cma route, and shm's direct check), so that
+// the next op on the same buffer checks its handle without a system call.
+// An entry stands for one generation of its slot, and the owner's
+// published generations (mapped through the mem link) say whether that
+// generation is still the slot's: the owner revokes a slot by moving
+// its generation before anything else, and fills a new one completely
+// before publishing its generation. Direct-mapped by slot; a miss reads
+// the entry again.
+type entryCache [entryCacheSize]atomic.Pointer[knownEntry]
+
+const entryCacheSize = 64
+
+// knownEntry is a guard entry as read, with its slot and generation.
+type knownEntry struct {
+	slot  uint32
+	gen   uint64
+	entry [guardEntrySize]byte
+}
+
+// lookup copies slot's entry into entry when the cache holds it at the
+// generation the owner publishes now, and the owner lives (its pid is
+// then not another process's).
+func (l *memLink) lookup(slot uint32, entry *[guardEntrySize]byte) bool {
+	if int(slot) >= len(l.gens) {
+		return false
+	}
+	k := l.entries[slot%entryCacheSize].Load()
+	if k == nil || k.slot != slot || l.gen(slot) != k.gen || !l.alive() {
+		return false
+	}
+	*entry = k.entry
+	return true
+}
+
+// readEntryVia reads slot's entry from the owner at addr with
+// process_vm_readv and keeps it when it is whole: the published
+// generation was the entry's before the read and still is after it (a
+// read that overlapped a publish or a revoke is used once, not kept).
+func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guardEntrySize]byte) error {
+	var before uint64
+	if int(slot) < len(l.gens) {
+		before = l.gen(slot)
+	}
+	if err := cma.ReadAt(o.op, o.peer.pid, addr, entry[:], o.remote.n); err != nil {
+		return err
+	}
+	gen := binary.LittleEndian.Uint64(entry[8*gwGen:])
+	if int(slot) < len(l.gens) && gen == before && l.gen(slot) == before {
+		l.entries[slot%entryCacheSize].Store(&knownEntry{slot: slot, gen: gen, entry: *entry})
+	}
+	return nil
+}
