@@ -159,9 +159,13 @@ type Loop struct {
 	// next round instead of spinning beside it (see Poll).
 	pollers   atomic.Int32
 	roundDone chan struct{}
-	timers    sync.Pool    // *time.Timer for Poll's bound
-	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	sleeping  atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
+	// waiters: goroutines in a passive loop's Wait. handing: the loop's
+	// goroutine waits for their kick (handOff).
+	waiters  atomic.Int32
+	handing  atomic.Bool
+	timers   sync.Pool    // *time.Timer for Poll's bound
+	inCall   atomic.Int64 // when the running progress call started (monoNow), 0 when none
+	sleeping atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
 	parked atomic.Bool
@@ -277,14 +281,23 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	default:
 	}
 	if l.passive {
+		l.waiters.Add(1)
+		l.polled.Store(monoNow())
+		defer func() {
+			l.polled.Store(monoNow())
+			l.waiters.Add(-1)
+		}()
+		handing := l.handing.Load()
 		l.kick()
-		// Watch for the job a moment before parking: the loop often
-		// finishes a small op within microseconds, and waking a parked
-		// goroutine costs more than that. Yield now and then: when the
+		// Watch for the job a moment before parking when the loop's
+		// goroutine runs on another thread: it often finishes a small op
+		// within microseconds, and waking a parked goroutine from another
+		// thread costs more than that. Yield now and then: when the
 		// loop's goroutine waits for this P (the other thread busy, or
 		// descheduled on a loaded machine), it runs at once instead of
-		// after the watch.
-		for start, i := monoNow(), 0; ; i++ {
+		// after the watch. A loop waiting for the kick (handOff) runs on
+		// this thread as soon as this goroutine parks: no watch then.
+		for start, i := monoNow(), 0; !handing; i++ {
 			select {
 			case <-j.done:
 				return nil
@@ -525,6 +538,7 @@ func (l *Loop) Poll() bool {
 // spinning, leaves the CPU to the loop's goroutine: a caller spinning on
 // memory beside a spinning loop halves what each gets on a small machine.
 func (l *Loop) pollPassive() bool {
+	l.polled.Store(monoNow())
 	l.pollers.Add(1)
 	defer l.pollers.Add(-1)
 	l.kick()
@@ -628,6 +642,7 @@ func (l *Loop) run() {
 	defer close(l.exited)
 	sleep := l.policy.MinSleep
 	yielded := monoNow()
+	quiet := true
 	for {
 		l.mu.Lock()
 		closing := l.closing
@@ -639,7 +654,15 @@ func (l *Loop) run() {
 			return
 		}
 		now := monoNow()
-		if l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
+		handOff := l.passive && quiet && l.handOff(now)
+		if handOff {
+			// The callers of a passive loop wait for it (Wait, Poll): one
+			// round per kick, on the kicker's thread while it parks,
+			// instead of spinning beside it.
+			l.handing.Store(true)
+			l.pause(max(l.policy.MaxSleep, time.Millisecond))
+			l.handing.Store(false)
+		} else if l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
 			// A waiter or a poller drives. Look again after
 			// max(MaxSleep, 1ms): waking more often would take a CPU
 			// from the spinning driver, or from its peer, on a small
@@ -652,13 +675,14 @@ func (l *Loop) run() {
 		worked := l.iterate(now)
 		idleFor := time.Duration(now - l.lastActive)
 		woke := l.woke
-		quiet := len(l.running) == 0 && l.inflight == 0
+		quiet = len(l.running) == 0 && l.inflight == 0
 		l.drive.Unlock()
-		if woke {
+		if woke && !(handOff && quiet) {
 			// The finished job's waiter, if parked, was made runnable on
 			// this goroutine's P: let it run now, not at the next yield
 			// (up to yieldEvery away) or whenever another thread steals
-			// it — which on a loaded machine took as long.
+			// it — which on a loaded machine took as long. (Handing off,
+			// this goroutine parks next, which lets it run.)
 			runtime.Gosched()
 			yielded = now
 		}
@@ -668,7 +692,7 @@ func (l *Loop) run() {
 			default:
 			}
 		}
-		if worked {
+		if worked || handOff {
 			sleep = l.policy.MinSleep
 			continue
 		}
@@ -693,6 +717,13 @@ func (l *Loop) run() {
 		}
 		sleep = min(2*sleep, l.policy.MaxSleep)
 	}
+}
+
+// handOff reports whether a passive loop's callers drive it at now: a
+// goroutine waits in Wait, or one left Wait or called Poll within the
+// last millisecond (it is likely to come back at once).
+func (l *Loop) handOff(now int64) bool {
+	return l.waiters.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond)
 }
 
 // iterate is one round of progress at now (monoNow): take submissions,

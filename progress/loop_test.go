@@ -562,6 +562,40 @@ func TestPassiveWaitersKeepTheirDeadline(t *testing.T) {
 		"the loop ends the job it was left, and lets both go")
 }
 
+// TestPassiveLoopHandsOff: the goroutine of a passive loop (libfabric
+// 1.x's shm) whose callers wait for it runs a round per caller's kick
+// and otherwise waits, instead of spinning beside them on another thread
+// (on a small machine, the spinning pair and a peer's took turns at the
+// CPUs: an 8 B shm pingpong took 170 µs): about one round per job waited
+// for and per Poll, under a policy that would spin for an hour.
+func TestPassiveLoopHandsOff(t *testing.T) {
+	const n = 500
+	f := newFakePort()
+	f.mayHang, f.auto = true, true
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	ctx := context.Background()
+	j := job(1, nil)
+	require.NoError(t, l.Submit(j))
+	require.NoError(t, l.Wait(ctx, j))
+	require.Eventually(t, l.handing.Load, 10*time.Second, time.Millisecond, "the loop waits for its callers")
+
+	reaps := f.reaps.Load()
+	for i := 0; i < n; i++ {
+		j := job(1, nil)
+		require.NoError(t, l.Submit(j))
+		require.NoError(t, l.Wait(ctx, j))
+	}
+	for i := 0; i < n; i++ {
+		l.Poll()
+	}
+	// 2n rounds, and one more per millisecond the test ran (the loop's
+	// own look while its callers drive).
+	rounds := f.reaps.Load() - reaps
+	assert.LessOrEqual(t, rounds, int64(3*n), "rounds of progress for %d jobs and %d polls", n, n)
+}
+
 // TestLoopCloseReportsWedge: Close on an endpoint stuck in a libfabric
 // call returns the *WedgedError within about WedgeAfter, instead of
 // waiting forever or reporting a clean close; the loop still stops once
