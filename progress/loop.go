@@ -161,11 +161,14 @@ type Loop struct {
 	roundDone chan struct{}
 	// waiters: goroutines in a passive loop's Wait. handing: the loop's
 	// goroutine waits for their kick (handOff).
-	waiters  atomic.Int32
-	handing  atomic.Bool
-	timers   sync.Pool    // *time.Timer for Poll's bound
-	inCall   atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	sleeping atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
+	waiters atomic.Int32
+	handing atomic.Bool
+	// activeAt is lastActive for other goroutines (PollWanted);
+	// idlePolled: when PollWanted last let a caller poll an idle loop.
+	activeAt, idlePolled atomic.Int64
+	timers               sync.Pool    // *time.Timer for Poll's bound
+	inCall               atomic.Int64 // when the running progress call started (monoNow), 0 when none
+	sleeping             atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
 	parked atomic.Bool
@@ -194,6 +197,8 @@ type Loop struct {
 	stale      int    // completions whose op context was not live (logged, dropped)
 	woke       bool   // a job finished in this round of iterate (run yields then)
 	remoteSeen uint64 // port.remoteOps at the last look (peersActive)
+	// remoteLooked: monoNow of that look
+	remoteLooked int64
 	// waitLogged: monoNow of the last failed wait logged (waitFailed).
 	waitLogged int64
 }
@@ -526,11 +531,32 @@ func (l *Loop) Poll() bool {
 	if !l.drive.TryLock() {
 		return false
 	}
-	worked := l.iterate(now)
+	worked := l.lookForPeers(now, l.iterate(now))
 	l.drive.Unlock()
 	l.wakeIfSleeping()
 	return worked
 }
+
+// PollWanted reports whether a caller spinning on memory, which polls
+// every endpoint it has (transport's Manager.Poll), should poll this one
+// now: always while ops are in flight or within a millisecond of
+// activity, else at most every idlePollEvery. A poll is a round of
+// libfabric progress (tcp: a system call; 1.x shm: a hand-off to the
+// loop's goroutine, microseconds), and an idle endpoint's rounds at
+// every look of a spinning caller cost that much each time. A peer's
+// first op toward an idle endpoint still meets a poll within
+// idlePollEvery, and from then on the endpoint is active.
+func (l *Loop) PollWanted() bool {
+	now := monoNow()
+	if l.posted.Load() != l.completed.Load() || now-l.activeAt.Load() < int64(time.Millisecond) {
+		return true
+	}
+	last := l.idlePolled.Load()
+	return now-last >= int64(idlePollEvery) && l.idlePolled.CompareAndSwap(last, now)
+}
+
+// idlePollEvery is how often PollWanted lets callers poll an idle loop.
+const idlePollEvery = 100 * time.Microsecond
 
 // pollPassive is Poll on a passive loop: it cannot call libfabric, so it
 // wakes the loop and waits for its next round, for at most a millisecond
@@ -673,6 +699,11 @@ func (l *Loop) run() {
 		l.drive.Lock()
 		now = monoNow() // the lock may have been held a while
 		worked := l.iterate(now)
+		if handOff {
+			// The rounds of a passive loop's callers' Polls (Poll runs
+			// none itself): peers' ops keep it active for PollWanted.
+			worked = l.lookForPeers(now, worked)
+		}
 		idleFor := time.Duration(now - l.lastActive)
 		woke := l.woke
 		quiet = len(l.running) == 0 && l.inflight == 0
@@ -759,6 +790,7 @@ func (l *Loop) iterate(now int64) bool {
 	}
 	if worked {
 		l.lastActive = now
+		l.activeAt.Store(now)
 	}
 	return worked
 }
@@ -1165,6 +1197,7 @@ func (l *Loop) block(d time.Duration) bool {
 	worked := l.handle(slots, err) || busy
 	if worked {
 		l.lastActive = monoNow()
+		l.activeAt.Store(l.lastActive)
 	}
 	return worked
 }
@@ -1204,7 +1237,13 @@ func (l *Loop) peersActive() bool {
 	if l.down {
 		return false
 	}
-	now := monoNow()
+	return l.sawRemoteOps(monoNow())
+}
+
+// sawRemoteOps reads the remote counter at now and reports whether it
+// moved (then activity). Under the drive lock, on a counted endpoint.
+func (l *Loop) sawRemoteOps(now int64) bool {
+	l.remoteLooked = now
 	l.inCall.Store(now) // the read drives progress: a call like any other
 	n := l.port.remoteOps()
 	l.inCall.Store(0)
@@ -1213,7 +1252,18 @@ func (l *Loop) peersActive() bool {
 	}
 	l.remoteSeen = n
 	l.lastActive = now
+	l.activeAt.Store(now)
 	return true
+}
+
+// lookForPeers is how often at most a polled round that did nothing reads
+// the remote counter (sawRemoteOps): peers' ops make the endpoint active
+// for PollWanted, as its own do.
+func (l *Loop) lookForPeers(now int64, worked bool) bool {
+	if worked || !l.counted || now-l.remoteLooked < int64(idlePollEvery) {
+		return worked
+	}
+	return l.sawRemoteOps(now)
 }
 
 // pending reports whether something wants the background goroutine now:

@@ -596,6 +596,50 @@ func TestPassiveLoopHandsOff(t *testing.T) {
 	assert.LessOrEqual(t, rounds, int64(3*n), "rounds of progress for %d jobs and %d polls", n, n)
 }
 
+// TestPollWanted: a caller spinning on memory polls an idle endpoint at
+// most every idlePollEvery (a round of an idle tcp or 1.x shm endpoint
+// costs microseconds), one with ops in flight at every look, and a
+// peer's op on an idle endpoint makes it active.
+func TestPollWanted(t *testing.T) {
+	const n = 20000
+	f := newFakePort()
+	f.counted = true
+	// The background goroutine sleeps: the rounds counted are the
+	// spinning caller's.
+	l := newLoop(f, 4, PollPolicy{MinSleep: time.Hour, MaxSleep: time.Hour}, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	spin := func() (rounds int64, elapsed time.Duration) {
+		reaps, start := f.reaps.Load(), monoNow()
+		for i := 0; i < n; i++ {
+			if l.PollWanted() {
+				l.Poll()
+			}
+		}
+		return f.reaps.Load() - reaps, time.Duration(monoNow() - start)
+	}
+	rounds, elapsed := spin()
+	assert.LessOrEqual(t, rounds, 2+int64(elapsed/idlePollEvery), "rounds of %d looks at an idle endpoint in %v", n, elapsed)
+
+	f.remote.Add(1) // a peer's op
+	before := l.activeAt.Load()
+	require.Eventually(t, func() bool {
+		if l.PollWanted() {
+			l.Poll()
+		}
+		return l.activeAt.Load() > before
+	}, 10*time.Second, time.Microsecond, "a peer's op did not make the endpoint active")
+
+	var idle atomic.Int32
+	j := job(1, &idle) // never completes: in flight throughout
+	require.NoError(t, l.Submit(j))
+	require.Eventually(t, func() bool { l.Poll(); return f.posted.Load() == 1 }, 10*time.Second, time.Millisecond)
+	rounds, _ = spin()
+	assert.GreaterOrEqual(t, rounds, int64(n)-50, "rounds of %d looks with an op in flight (the background goroutine may hold the lock at a few)", n)
+	f.setAuto(true, nil)
+	require.NoError(t, l.Wait(context.Background(), j))
+}
+
 // TestLoopCloseReportsWedge: Close on an endpoint stuck in a libfabric
 // call returns the *WedgedError within about WedgeAfter, instead of
 // waiting forever or reporting a clean close; the loop still stops once

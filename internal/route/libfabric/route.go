@@ -123,6 +123,10 @@ func (r *Route) Activity() (posted, completed uint64) { return r.loop.Activity()
 // Poll progresses the endpoint once, unless another goroutine is.
 func (r *Route) Poll() { r.loop.Poll() }
 
+// PollWanted reports whether a caller spinning on memory should Poll
+// the route now (progress.Loop.PollWanted).
+func (r *Route) PollWanted() bool { return r.loop.PollWanted() }
+
 // ParkWhenUnattended lets the idle progress loop stop polling while no
 // peer attends (progress.Loop.ParkWhenUnattended): for an endpoint that
 // peers reach only after announcing themselves.
