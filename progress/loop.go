@@ -540,13 +540,17 @@ func (l *Loop) Poll() bool {
 // PollWanted reports whether a caller spinning on memory, which polls
 // every endpoint it has (transport's Manager.Poll), should poll this one
 // now: always while ops are in flight or within a millisecond of
-// activity, else at most every idlePollEvery. A poll is a round of
-// libfabric progress (tcp: a system call; 1.x shm: a hand-off to the
-// loop's goroutine, microseconds), and an idle endpoint's rounds at
-// every look of a spinning caller cost that much each time. A peer's
-// first op toward an idle endpoint still meets a poll within
-// idlePollEvery, and from then on the endpoint is active.
+// activity, else at most every idlePollEvery — on an endpoint that
+// counts peers' ops (shm), where a peer's first op toward an idle
+// endpoint still meets a poll within idlePollEvery and makes it active.
+// A round of an idle 1.x shm endpoint is a hand-off to the loop's
+// goroutine, microseconds at every look of a spinning caller. Endpoints
+// without that count (tcp) are polled at every call: a spinning target's
+// polls are what lands a peer's writes there without a wake-up.
 func (l *Loop) PollWanted() bool {
+	if !l.counted {
+		return true
+	}
 	now := monoNow()
 	if l.posted.Load() != l.completed.Load() || now-l.activeAt.Load() < int64(time.Millisecond) {
 		return true
@@ -688,7 +692,7 @@ func (l *Loop) run() {
 			l.handing.Store(true)
 			l.pause(max(l.policy.MaxSleep, time.Millisecond))
 			l.handing.Store(false)
-		} else if l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond) {
+		} else if !l.passive && (l.drivers.Load() > 0 || now-l.polled.Load() < int64(l.policy.MinSleep+time.Millisecond)) {
 			// A waiter or a poller drives. Look again after
 			// max(MaxSleep, 1ms): waking more often would take a CPU
 			// from the spinning driver, or from its peer, on a small

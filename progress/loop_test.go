@@ -572,7 +572,10 @@ func TestPassiveLoopHandsOff(t *testing.T) {
 	const n = 500
 	f := newFakePort()
 	f.mayHang, f.auto = true, true
-	l := newLoop(f, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
+	// MinSleep sets how long after its callers' last call the loop hands
+	// off (MinSleep + 1ms): an hour, so that a test goroutine descheduled
+	// for a millisecond on a loaded machine does not end it.
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, MinSleep: time.Hour}, zerolog.Nop())
 	go l.run()
 	defer l.Close(nil)
 	ctx := context.Background()
@@ -590,16 +593,47 @@ func TestPassiveLoopHandsOff(t *testing.T) {
 	for i := 0; i < n; i++ {
 		l.Poll()
 	}
-	// 2n rounds, and one more per millisecond the test ran (the loop's
-	// own look while its callers drive).
+	// About 2n rounds: one per job and one per Poll.
 	rounds := f.reaps.Load() - reaps
 	assert.LessOrEqual(t, rounds, int64(3*n), "rounds of progress for %d jobs and %d polls", n, n)
 }
 
-// TestPollWanted: a caller spinning on memory polls an idle endpoint at
-// most every idlePollEvery (a round of an idle tcp or 1.x shm endpoint
-// costs microseconds), one with ops in flight at every look, and a
-// peer's op on an idle endpoint makes it active.
+// TestPassiveLoopOpsInFlight: a passive loop whose ops take more than
+// the round that posted them keeps running rounds while its callers poll
+// and wait (they cannot progress it themselves): each Poll meets a round.
+func TestPassiveLoopOpsInFlight(t *testing.T) {
+	f := newFakePort()
+	f.mayHang = true
+	l := newLoop(f, 4, DefaultPollPolicy, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	var idle atomic.Int32
+	j := job(1, &idle)
+	require.NoError(t, l.Submit(j))
+	require.Eventually(t, func() bool { l.Poll(); return f.posted.Load() == 1 }, 10*time.Second, time.Millisecond)
+	met := 0
+	for i := 0; i < 20; i++ {
+		if l.Poll() {
+			met++
+		}
+	}
+	// Each Poll waits up to pollBound for a round. A loop that left its
+	// op to its pollers met about half (9 and 10 of 20: it ran a round
+	// only when their stamps happened to lie more than a millisecond
+	// apart); one that spins while its op is in flight meets them all.
+	assert.GreaterOrEqual(t, met, 16, "Polls that met a round, of 20, with an op in flight")
+	f.setAuto(true, nil) // completes at the next round
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, l.Wait(ctx, j))
+	assert.Empty(t, j.Errs, "the op completed, nothing expired")
+}
+
+// TestPollWanted: a caller spinning on memory polls an idle endpoint that
+// counts peers' ops at most every idlePollEvery (a round of an idle 1.x
+// shm endpoint costs microseconds), one with ops in flight at every look,
+// a peer's op on an idle endpoint makes it active, and an endpoint that
+// cannot count peers' ops is polled at every look.
 func TestPollWanted(t *testing.T) {
 	const n = 20000
 	f := newFakePort()
@@ -638,6 +672,20 @@ func TestPollWanted(t *testing.T) {
 	assert.GreaterOrEqual(t, rounds, int64(n)-50, "rounds of %d looks with an op in flight (the background goroutine may hold the lock at a few)", n)
 	f.setAuto(true, nil)
 	require.NoError(t, l.Wait(context.Background(), j))
+
+	// An endpoint that cannot tell peers' ops (tcp) is polled at every
+	// look: a spinning target's polls land a peer's writes there.
+	g := newFakePort()
+	u := newLoop(g, 4, PollPolicy{MinSleep: time.Hour, MaxSleep: time.Hour}, zerolog.Nop())
+	go u.run()
+	defer u.Close(nil)
+	reaps := g.reaps.Load()
+	for i := 0; i < n; i++ {
+		if u.PollWanted() {
+			u.Poll()
+		}
+	}
+	assert.GreaterOrEqual(t, g.reaps.Load()-reaps, int64(n)-50, "rounds of %d looks at an idle endpoint without a remote count", n)
 }
 
 // TestLoopCloseReportsWedge: Close on an endpoint stuck in a libfabric

@@ -620,8 +620,8 @@ func peerGoneOf(err error) *progress.PeerGoneError {
 }
 
 // Poll progresses every backend once (skipping those another goroutine is
-// progressing at the moment, and idle ones but every 20 µs: a round of an
-// idle endpoint costs microseconds, and would slow every look of the
+// progressing at the moment, and an idle shm endpoint but every 100 µs: a
+// round of it costs microseconds, and would slow every look of the
 // spinning caller). Transfers progress by themselves; Poll is
 // for code that spins on its own memory waiting for a peer's write — a
 // pingpong, a flag — and wants that spinning to drive progress too.
