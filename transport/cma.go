@@ -52,7 +52,7 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 	}
 	var link *memLink
 	if m.linkOn {
-		link, _ = o.peer.memLink() // without one, every op reads the entry
+		link = o.peer.linkForChecks() // without one, every op reads the entry
 	}
 	switch {
 	case link != nil && link.lookup(slot, entry):

@@ -3,6 +3,7 @@ package transport
 import (
 	"encoding/binary"
 	"sync/atomic"
+	"time"
 
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 )
@@ -43,9 +44,12 @@ func (l *memLink) lookup(slot uint32, entry *[guardEntrySize]byte) bool {
 }
 
 // readEntryVia reads slot's entry from the owner at addr with
-// process_vm_readv and keeps it when it is whole: the published
+// process_vm_readv and keeps it when it is whole and live: the published
 // generation was the entry's before the read and still is after it (a
-// read that overlapped a publish or a revoke is used once, not kept).
+// read that overlapped a publish or a revoke is used once, not kept), and
+// it is odd (a buffer holds the slot: revoke makes it even). A place whose
+// entry is still valid keeps it: two slots that share one would otherwise
+// evict each other, each op an allocation.
 func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guardEntrySize]byte) error {
 	var before uint64
 	if int(slot) < len(l.gens) {
@@ -55,8 +59,42 @@ func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guar
 		return err
 	}
 	gen := binary.LittleEndian.Uint64(entry[8*gwGen:])
-	if int(slot) < len(l.gens) && gen == before && l.gen(slot) == before {
-		l.entries[slot%entryCacheSize].Store(&knownEntry{slot: slot, gen: gen, entry: *entry})
+	if gen&1 == 0 || int(slot) >= len(l.gens) || gen != before || l.gen(slot) != before {
+		return nil // a revoked slot's, or a read that overlapped a change: used once
 	}
+	c := &l.entries[slot%entryCacheSize]
+	if k := c.Load(); k != nil && k.slot != slot && l.gen(k.slot) == k.gen {
+		return nil // another slot's entry, still valid: slots that share a place take turns reading
+	}
+	c.Store(&knownEntry{slot: slot, gen: gen, entry: *entry})
 	return nil
+}
+
+// linkForChecks is the mem link to p for the cma checks' cache, when one
+// is up, without waiting for one: when there is none it starts one in the
+// background (one at a time; after memRedial when the last failed), and
+// ops read their entries meanwhile. A cma op must not wait for a dial (up
+// to verifyTimeout toward an owner that does not answer, a stopped one
+// say): it never needed the owner to answer before.
+func (p *sameNodePeer) linkForChecks() *memLink {
+	if !p.memMu.TryLock() {
+		return nil // a dial holds it
+	}
+	l := p.link
+	up := l != nil && !l.done.Load()
+	dial := !up && !p.memDone && !p.dialing && (p.linkErr == nil || time.Since(p.linkAt) >= memRedial)
+	p.dialing = p.dialing || dial
+	p.memMu.Unlock()
+	if dial {
+		go func() {
+			_, _ = p.memLink() // closeMem waits for it, and ends the link it made
+			p.memMu.Lock()
+			p.dialing = false
+			p.memMu.Unlock()
+		}()
+	}
+	if !up {
+		return nil
+	}
+	return l
 }

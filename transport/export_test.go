@@ -45,3 +45,15 @@ func SetFirstOpGrace(d time.Duration) (restore func()) {
 	firstOpGrace = d
 	return func() { firstOpGrace = old }
 }
+
+// EntriesKept reports whether m keeps the guard entries of h's owner
+// (entryCache): its mem link to the owner is up.
+func EntriesKept(m *Manager, h RemoteBuffer) bool {
+	p, err := m.sameNodePeer(h.owner)
+	if err != nil {
+		return false
+	}
+	p.memMu.Lock()
+	defer p.memMu.Unlock()
+	return p.link != nil && !p.link.done.Load()
+}

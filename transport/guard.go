@@ -134,14 +134,20 @@ func (g *guardTable) publish(id uint64, base, size, shmKey, cmaKey uint64, acces
 
 // revoke invalidates an entry: handles naming it fail from now on. The
 // slot is not reused until release: peers' marks on it (the mem route)
-// may still be the closed buffer's.
+// may still be the closed buffer's. The published generation moves last,
+// after the entry is emptied: a peer keeps an entry it read only while
+// that generation stood before and after its read (entryCache), so it
+// never keeps the revoked generation with the closed buffer's words.
+// (Generations alternate: odd while a buffer holds the slot, even once
+// revoked.)
 func (g *guardTable) revoke(slot uint32) {
-	atomic.StoreUint64(g.word(slot, gwGen), atomic.LoadUint64(g.word(slot, gwGen))+1)
-	atomic.StoreUint64(&g.genWord[slot], atomic.LoadUint64(g.word(slot, gwGen)))
+	gen := atomic.LoadUint64(g.word(slot, gwGen)) + 1
+	atomic.StoreUint64(g.word(slot, gwGen), gen)
 	atomic.StoreUint64(g.word(slot, gwKey), 0)
 	atomic.StoreUint64(g.word(slot, gwCMAKey), 0)
 	atomic.StoreUint64(g.word(slot, gwSize), 0)
 	atomic.StoreUint64(g.word(slot, gwAccess), 0)
+	atomic.StoreUint64(&g.genWord[slot], gen)
 }
 
 // release makes a revoked slot free for another buffer.

@@ -31,6 +31,7 @@ func TestShmHandleCheck(t *testing.T) {
 				route = testenv.RouteCMA
 			}
 			testenv.RequireRoute(t, route)
+			testenv.RequireRoute(t, testenv.RouteMem) // mem allowed: the generations pages the kept entries rely on
 			m := newManager(t, transport.WithProviders(route))
 			switch ok, _ := transport.CMAAvailable(); {
 			case mode == "over shm":
@@ -48,6 +49,14 @@ func TestShmHandleCheck(t *testing.T) {
 			local := register(t, m, mem, 0)
 			ctx := ctxTimeout(t, time.Minute)
 			require.NoError(t, m.ReadInto(ctx, local, h))
+			require.Equal(t, testpeer.Pattern(n, 1), mem)
+			if mode == "cma" || transport.GuardDirect(m) {
+				// The link that keeps entries read with
+				// process_vm_readv comes up in the background after
+				// the first op.
+				require.Eventually(t, func() bool { return transport.EntriesKept(m, h) }, 10*time.Second, time.Millisecond)
+			}
+			require.NoError(t, m.ReadInto(ctx, local, h)) // kept now
 			require.Equal(t, testpeer.Pattern(n, 1), mem)
 			require.NoError(t, m.WriteFrom(ctx, h, local))
 

@@ -89,6 +89,7 @@ type sameNodePeer struct {
 	linkErr  error
 	linkAt   time.Time
 	memDone  bool
+	dialing  bool // a link is being set up for the cma checks (linkForChecks)
 	owner    ID
 	announce sync.Once
 	annMu    sync.Mutex
