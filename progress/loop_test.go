@@ -566,8 +566,8 @@ func TestPassiveWaitersKeepTheirDeadline(t *testing.T) {
 // 1.x's shm) whose callers wait for it runs a round per caller's kick
 // and otherwise waits, instead of spinning beside them on another thread
 // (on a small machine, the spinning pair and a peer's took turns at the
-// CPUs: an 8 B shm pingpong took 170 µs): about one round per job waited
-// for and per Poll, under a policy that would spin for an hour.
+// CPUs: docs/ARCHITECTURE.md): about one round per job waited for and per
+// Poll, under a policy that would spin for an hour.
 func TestPassiveLoopHandsOff(t *testing.T) {
 	const n = 500
 	f := newFakePort()
@@ -618,9 +618,9 @@ func TestPassiveLoopOpsInFlight(t *testing.T) {
 		}
 	}
 	// Each Poll waits up to pollBound for a round. A loop that left its
-	// op to its pollers met about half (9 and 10 of 20: it ran a round
-	// only when their stamps happened to lie more than a millisecond
-	// apart); one that spins while its op is in flight meets them all.
+	// op to its pollers met about half: it ran a round only when their
+	// stamps happened to lie more than a millisecond apart. One that
+	// spins while its op is in flight meets them all.
 	assert.GreaterOrEqual(t, met, 16, "Polls that met a round, of 20, with an op in flight")
 	f.setAuto(true, nil) // completes at the next round
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
