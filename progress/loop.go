@@ -1260,9 +1260,10 @@ func (l *Loop) sawRemoteOps(now int64) bool {
 	return true
 }
 
-// lookForPeers is how often at most a polled round that did nothing reads
-// the remote counter (sawRemoteOps): peers' ops make the endpoint active
-// for PollWanted, as its own do.
+// lookForPeers reads the remote counter after a polled round that did
+// nothing (worked), at most every idlePollEvery: peers' ops make the
+// endpoint active for PollWanted, as its own do. It reports whether the
+// round or the counter showed activity.
 func (l *Loop) lookForPeers(now int64, worked bool) bool {
 	if worked || !l.counted || now-l.remoteLooked < int64(idlePollEvery) {
 		return worked
