@@ -54,6 +54,9 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 	if m.linkOn {
 		link = o.peer.linkForChecks() // without one, every op reads the entry
 	}
+	if link != nil && int(slot) >= len(link.gens) {
+		link = nil // matchesPeer bounds it; an owner's short page would not
+	}
 	switch {
 	case link != nil && link.lookup(slot, entry):
 	case link != nil:

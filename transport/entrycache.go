@@ -13,30 +13,29 @@ import (
 // the next op on the same buffer checks its handle without a system call.
 // An entry stands for one generation of its slot, and the owner's
 // published generations (mapped through the mem link) say whether that
-// generation is still the slot's: the owner revokes a slot by moving
-// its generation before anything else, and fills a new one completely
-// before publishing its generation. Direct-mapped by slot; a miss reads
-// the entry again.
+// generation is still the slot's: the owner publishes a slot's
+// generation only after filling or emptying its entry (guardTable's
+// publish and revoke). Direct-mapped by slot; a miss reads the entry
+// again. Callers pass slots within the published generations.
 type entryCache [entryCacheSize]atomic.Pointer[knownEntry]
 
 const entryCacheSize = 64
 
-// knownEntry is a guard entry as read, with its slot and generation.
+// knownEntry is a guard entry as read, with its slot.
 type knownEntry struct {
 	slot  uint32
-	gen   uint64
 	entry [guardEntrySize]byte
 }
+
+// gen is the generation the entry was read at.
+func (k *knownEntry) gen() uint64 { return binary.LittleEndian.Uint64(k.entry[8*gwGen:]) }
 
 // lookup copies slot's entry into entry when the cache holds it at the
 // generation the owner publishes now, and the owner lives (its pid is
 // then not another process's).
 func (l *memLink) lookup(slot uint32, entry *[guardEntrySize]byte) bool {
-	if int(slot) >= len(l.gens) {
-		return false
-	}
 	k := l.entries[slot%entryCacheSize].Load()
-	if k == nil || k.slot != slot || l.gen(slot) != k.gen || !l.alive() {
+	if k == nil || k.slot != slot || l.gen(slot) != k.gen() || !l.alive() {
 		return false
 	}
 	*entry = k.entry
@@ -51,22 +50,19 @@ func (l *memLink) lookup(slot uint32, entry *[guardEntrySize]byte) bool {
 // entry is still valid keeps it: two slots that share one would otherwise
 // evict each other, each op an allocation.
 func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guardEntrySize]byte) error {
-	var before uint64
-	if int(slot) < len(l.gens) {
-		before = l.gen(slot)
-	}
+	before := l.gen(slot)
 	if err := cma.ReadAt(o.op, o.peer.pid, addr, entry[:], o.remote.n); err != nil {
 		return err
 	}
 	gen := binary.LittleEndian.Uint64(entry[8*gwGen:])
-	if gen&1 == 0 || int(slot) >= len(l.gens) || gen != before || l.gen(slot) != before {
+	if gen&1 == 0 || gen != before || l.gen(slot) != before {
 		return nil // a revoked slot's, or a read that overlapped a change: used once
 	}
 	c := &l.entries[slot%entryCacheSize]
-	if k := c.Load(); k != nil && k.slot != slot && l.gen(k.slot) == k.gen {
+	if k := c.Load(); k != nil && k.slot != slot && l.gen(k.slot) == k.gen() {
 		return nil // another slot's entry, still valid: slots that share a place take turns reading
 	}
-	c.Store(&knownEntry{slot: slot, gen: gen, entry: *entry})
+	c.Store(&knownEntry{slot: slot, entry: *entry})
 	return nil
 }
 
