@@ -50,13 +50,7 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 			return nil
 		}
 	}
-	var link *memLink
-	if m.linkOn {
-		link = o.peer.linkForChecks() // without one, every op reads the entry
-	}
-	if link != nil && int(slot) >= len(link.gens) {
-		link = nil // matchesPeer bounds it; an owner's short page would not
-	}
+	link := m.checksLink(o) // without one, every op reads the entry
 	switch {
 	case link != nil && link.lookup(slot, entry):
 	case link != nil:

@@ -6,11 +6,13 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // entryCache keeps guard entries a manager read from one owner's table
-// with process_vm_readv (the cma route, and shm's direct check), so that
-// the next op on the same buffer checks its handle without a system call.
+// (with process_vm_readv: the cma route, shm's direct check; or over shm),
+// so that the next op on the same buffer checks its handle without a
+// system call or a round trip.
 // An entry stands for one generation of its slot, and the owner's
 // published generations (mapped through the mem link) say whether that
 // generation is still the slot's: the owner publishes a slot's
@@ -43,27 +45,70 @@ func (l *memLink) lookup(slot uint32, entry *[guardEntrySize]byte) bool {
 }
 
 // readEntryVia reads slot's entry from the owner at addr with
-// process_vm_readv and keeps it when it is whole and live: the published
-// generation was the entry's before the read and still is after it (a
-// read that overlapped a publish or a revoke is used once, not kept), and
-// it is odd (a buffer holds the slot: revoke makes it even). A place whose
-// entry is still valid keeps it: two slots that share one would otherwise
-// evict each other, each op an allocation.
+// process_vm_readv, and keeps it (keep).
 func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guardEntrySize]byte) error {
 	before := l.gen(slot)
 	if err := cma.ReadAt(o.op, o.peer.pid, addr, entry[:], o.remote.n); err != nil {
 		return err
 	}
+	l.keep(slot, entry, before)
+	return nil
+}
+
+// keep keeps slot's entry, read while the owner published generation
+// before, when it is whole and live: the published generation was the
+// entry's before the read and still is after it (a read that overlapped a
+// publish or a revoke is used once, not kept), and it is odd (a buffer
+// holds the slot: revoke makes it even). A place whose entry is still
+// valid keeps it: two slots that share one would otherwise evict each
+// other, each op an allocation.
+func (l *memLink) keep(slot uint32, entry *[guardEntrySize]byte, before uint64) {
 	gen := binary.LittleEndian.Uint64(entry[8*gwGen:])
 	if gen&1 == 0 || gen != before || l.gen(slot) != before {
-		return nil // a revoked slot's, or a read that overlapped a change: used once
+		return
 	}
 	c := &l.entries[slot%entryCacheSize]
 	if k := c.Load(); k != nil && k.slot != slot && l.gen(k.slot) == k.gen() {
-		return nil // another slot's entry, still valid: slots that share a place take turns reading
+		return
 	}
 	c.Store(&knownEntry{slot: slot, entry: *entry})
-	return nil
+}
+
+// checksLink is the mem link to op o's owner whose kept entries serve its
+// handle check, when one is up (linkForChecks), or nil.
+func (m *Manager) checksLink(o *opSpec) *memLink {
+	if !m.linkOn || o.peer == nil {
+		return nil
+	}
+	link := o.peer.linkForChecks()
+	if link != nil && int(o.ep.guard.slot) >= len(link.gens) {
+		return nil // matchesPeer bounds it; an owner's short page would not
+	}
+	return link
+}
+
+// shmCheckKept checks the handle of op o, on the shm route, against its
+// entry as kept from an earlier read, when the owner still publishes the
+// generation it was read at: the op then needs no read of the entry over
+// shm, a round trip through the owner's progress (libfabric 2.x, or a peer
+// process_vm_readv does not reach). It reports false when none is kept,
+// and sets in c the link and the generation under which verifyGuards
+// keeps the entry it reads.
+func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
+	link := m.checksLink(o)
+	if link == nil {
+		return false, nil
+	}
+	slot := o.ep.guard.slot
+	c.link, c.before = link, link.gen(slot)
+	var entry [guardEntrySize]byte
+	if !link.lookup(slot, &entry) {
+		return false, nil
+	}
+	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {
+		return true, err // as verifyPeerGuards, before its read
+	}
+	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
 }
 
 // linkForChecks is the mem link to p for the cma checks' cache, when one

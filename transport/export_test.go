@@ -46,6 +46,29 @@ func SetFirstOpGrace(d time.Duration) (restore func()) {
 	return func() { firstOpGrace = old }
 }
 
+// EntryKept reports whether m keeps the guard entry of h's buffer at the
+// generation its owner publishes now (entryCache): the next op's check
+// reads nothing.
+func EntryKept(m *Manager, h RemoteBuffer) bool {
+	p, err := m.sameNodePeer(h.owner)
+	if err != nil {
+		return false
+	}
+	p.memMu.Lock()
+	l := p.link
+	p.memMu.Unlock()
+	if l == nil || l.done.Load() {
+		return false
+	}
+	for i := range h.eps {
+		if g := h.eps[i].guard; g != nil && int(g.slot) < len(l.gens) {
+			var entry [guardEntrySize]byte
+			return l.lookup(g.slot, &entry)
+		}
+	}
+	return false
+}
+
 // EntriesKept reports whether m keeps the guard entries of h's owner
 // (entryCache): its mem link to the owner is up.
 func EntriesKept(m *Manager, h RemoteBuffer) bool {

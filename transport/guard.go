@@ -196,11 +196,15 @@ func checkEntry(entry []byte, r *RemoteBuffer, ep *remoteEP, need mr.Access, vir
 
 // guardCheck is one handle to check before a transfer: the op at index
 // op of the request. entry is the index of its guard entry among those
-// read for its peer (ops on the same buffer share one read).
+// read for its peer (ops on the same buffer share one read). link, when
+// set, keeps the entry read, which the owner published at generation
+// before (memLink.keep).
 type guardCheck struct {
-	op    int
-	entry int
-	err   error
+	op     int
+	entry  int
+	err    error
+	link   *memLink
+	before uint64
 }
 
 // guardChecks pools the check lists of requests, so that a window of ops
@@ -282,7 +286,11 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 		if string(o.ep.name) != string(name) {
 			continue
 		}
-		checks[i].err = checkEntry(x.Entry(checks[i].entry), &o.remote, o.ep, need(o.op), b.VirtAddr)
+		entry := x.Entry(checks[i].entry)
+		checks[i].err = checkEntry(entry, &o.remote, o.ep, need(o.op), b.VirtAddr)
+		if c := &checks[i]; c.link != nil {
+			c.link.keep(o.ep.guard.slot, (*[guardEntrySize]byte)(entry), c.before)
+		}
 	}
 	return nil
 }

@@ -334,10 +334,17 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 				}
 				continue
 			}
+			c := guardCheck{op: i}
+			if done, err := m.shmCheckKept(o, &c); done {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			if checkBackend == nil {
 				checkBackend = b
 			}
-			checks = append(checks, guardCheck{op: i})
+			checks = append(checks, c)
 		}
 	}
 	if len(checks) == 0 {
