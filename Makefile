@@ -77,8 +77,9 @@ demo: build
 	BIN=$(BIN) scripts/demo.sh
 
 # fitransfer's own sweep next to the peer tools, in the same run:
-# fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong when
-# FABTESTS_BIN names a directory holding them. Then, as root, tcp over
+# fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong (and
+# fi_rma_pingpong, fabtests 1.21 on) when FABTESTS_BIN names a directory
+# holding them. Then, as root, tcp over
 # 1 and over 4 rate-limited links between two network namespaces (bench
 # --rails, docs/PERFORMANCE.md). Then the Go benchmarks.
 bench: build

@@ -80,7 +80,7 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.IntVar(&o.window, "W", 64, "window for read and write")
 	fs.StringVar(&o.ops, "ops", "read,write,pingpong", "tests to run")
 	fs.BoolVar(&o.asCSV, "csv", false, "print CSV")
-	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong from $FABTESTS_BIN")
+	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong / fi_rma_pingpong (fabtests 1.21 on) from $FABTESTS_BIN")
 	fs.StringVar(&o.fabtests, "fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
 	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options, and per route the first 8 B read after each fifth of it (lines after the table; behind \"# \" with --csv); 0 skips it")
@@ -219,7 +219,7 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		}
 		var ours [][]perftest.Row
 		var theirs [][]peerResult
-		var plain [][]peerResult // writes: fi_rma_bw without -U too (peerTools.plainWrite)
+		var second [][]peerResult // a second peer tool, for some rows (peerTools.second)
 		for i := 0; i < repeat; i++ {
 			r, err := benchOnce(ctx, prov, mode, sizes, iters, warmup, window, timeout, stderr)
 			if err != nil {
@@ -236,16 +236,16 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 				pr, pl := make([]peerResult, len(r)), make([]peerResult, len(r))
 				for k := range r {
 					pr[k] = peers.run(ctx, r[k], false)
-					if peers.plainWrite(r[k]) {
+					if peers.second(r[k]) {
 						pl[k] = peers.run(ctx, r[k], true)
 					}
 				}
-				theirs, plain = append(theirs, pr), append(plain, pl)
+				theirs, second = append(theirs, pr), append(second, pl)
 			}
 		}
 		rows = append(rows, aggregate(ours, theirs)...)
 		if peers != nil {
-			for _, row := range aggregate(ours, plain) {
+			for _, row := range aggregate(ours, second) {
 				if row.Peer != "" {
 					rows = append(rows, row)
 				}
@@ -486,16 +486,29 @@ type peerResult struct {
 // way fabtests measures them by default.
 const plainWriteMin = 64 << 10
 
-// plainWrite reports whether r, a row of ours, is also compared with
-// fi_rma_bw without -U.
-func (p *peerTools) plainWrite(r perftest.Row) bool {
-	return p.fabtestsDir != "" && r.Op == "write" && r.Bytes >= plainWriteMin
+// second reports whether r, a row of ours, is also compared with a second
+// peer tool: a write from plainWriteMin with fi_rma_bw without -U; a
+// pingpong with fi_rma_pingpong -U -j 0, an RMA write pingpong as ours
+// (each write delivery complete, with a completion: on tcp the target
+// acknowledges it), where fabtests has it (from libfabric 1.21).
+// fi_rdm_pingpong, the first, sends messages.
+func (p *peerTools) second(r perftest.Row) bool {
+	switch {
+	case p.fabtestsDir == "":
+		return false
+	case r.Op == "write":
+		return r.Bytes >= plainWriteMin
+	case r.Op == "pingpong":
+		_, err := os.Stat(filepath.Join(p.fabtestsDir, "fi_rma_pingpong"))
+		return err == nil
+	}
+	return false
 }
 
-// run measures with the peer tool what r measured; plain: a write
-// without -U (plainWrite).
-func (p *peerTools) run(ctx context.Context, r perftest.Row, plain bool) peerResult {
-	tool, args, name := p.command(r, plain)
+// run measures with the peer tool what r measured; second: with the
+// second peer tool (peerTools.second).
+func (p *peerTools) run(ctx context.Context, r perftest.Row, second bool) peerResult {
+	tool, args, name := p.command(r, second)
 	if tool == "" {
 		return peerResult{} // no peer tool measures RMA bandwidth without fabtests
 	}
@@ -505,11 +518,15 @@ func (p *peerTools) run(ctx context.Context, r perftest.Row, plain bool) peerRes
 }
 
 // command is the peer tool's command line for what r measured, and how
-// the table names it; "" when no peer tool measures it here.
-func (p *peerTools) command(r perftest.Row, plain bool) (tool string, args []string, name string) {
+// the table names it; "" when no peer tool measures it here. second: the
+// second peer tool (peerTools.second).
+func (p *peerTools) command(r perftest.Row, second bool) (tool string, args []string, name string) {
 	n := r.Iters
 	size := strconv.FormatUint(r.Bytes, 10)
 	switch {
+	case r.Op == "pingpong" && p.fabtestsDir != "" && second:
+		tool, args = filepath.Join(p.fabtestsDir, "fi_rma_pingpong"), []string{"-e", "rdm", "-o", "write", "-S", size,
+			"-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
 	case r.Op == "pingpong" && p.fabtestsDir != "":
 		tool, args = filepath.Join(p.fabtestsDir, "fi_rdm_pingpong"), []string{"-S", size, "-I", strconv.Itoa(n), "-w", strconv.Itoa(p.warmup)}
 	case r.Op == "pingpong":
@@ -521,9 +538,11 @@ func (p *peerTools) command(r perftest.Row, plain bool) (tool string, args []str
 		return "", nil, ""
 	}
 	name = filepath.Base(tool)
-	if r.Op == "write" && p.fabtestsDir != "" && !plain {
+	// The peer tool's writes as ours (unless it is the second for writes:
+	// fi_rma_bw as fabtests runs it by default).
+	if p.fabtestsDir != "" && (r.Op == "write" && !second || r.Op == "pingpong" && second) {
 		// fitransfer's writes are each delivery complete and signaled.
-		// -U alone does not make fi_rma_bw's the same: it posts writes
+		// -U alone does not make fabtests' the same: they post writes
 		// under the inject size with fi_inject_write, which has no
 		// completion at all; -j 0 turns that off.
 		args = append(args, "-U", "-j", "0")

@@ -365,32 +365,40 @@ func TestBenchRailsFlags(t *testing.T) {
 // TestPeerCommands: each row of ours is compared with the fabtests run
 // that measures the same thing — writes with -U -j 0 (delivery complete,
 // each signaled) and, from 64 KiB, also without -U, as fabtests measures
-// by default; reads without -U; mem and cma rows against shm.
+// by default; reads without -U; mem and cma rows against shm; pingpongs
+// with fi_rdm_pingpong and, where fabtests has it, fi_rma_pingpong with
+// -U -j 0.
 func TestPeerCommands(t *testing.T) {
-	p := &peerTools{fabtestsDir: "/ft", warmup: 5, window: 64}
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "fi_rma_pingpong"), nil, 0o755))
+	p := &peerTools{fabtestsDir: dir, warmup: 5, window: 64}
 	row := func(op, prov string, size uint64) perftest.Row {
 		return perftest.Row{Op: op, Provider: prov, Bytes: size, Iters: 100}
 	}
 	for _, tc := range []struct {
-		r      perftest.Row
-		plain  bool
-		name   string
-		args   string
-		plainW bool
+		r       perftest.Row
+		second  bool
+		name    string
+		args    string
+		twoRows bool
 	}{
 		{row("write", "shm", 8), false, "fi_rma_bw -U -j 0", "-p shm -e rdm -o write -S 8 -W 64 -I 100 -w 5 -U -j 0", false},
 		{row("write", "shm", 1<<20), false, "fi_rma_bw -U -j 0", "-p shm -e rdm -o write -S 1048576 -W 64 -I 100 -w 5 -U -j 0", true},
 		{row("write", "shm", 1<<20), true, "fi_rma_bw", "-p shm -e rdm -o write -S 1048576 -W 64 -I 100 -w 5", true},
 		{row("write", "mem", 1<<20), true, "fi_rma_bw (shm)", "-p shm -e rdm -o write -S 1048576 -W 64 -I 100 -w 5", true},
 		{row("read", "cma", 4096), false, "fi_rma_bw (shm)", "-p shm -e rdm -o read -S 4096 -W 64 -I 100 -w 5", false},
-		{row("pingpong", "tcp;ofi_rxm", 8), false, "fi_rdm_pingpong", "-p tcp;ofi_rxm -S 8 -I 100 -w 5", false},
+		{row("pingpong", "tcp;ofi_rxm", 8), false, "fi_rdm_pingpong", "-p tcp;ofi_rxm -S 8 -I 100 -w 5", true},
+		{row("pingpong", "tcp;ofi_rxm", 8), true, "fi_rma_pingpong -U -j 0", "-p tcp;ofi_rxm -e rdm -o write -S 8 -I 100 -w 5 -U -j 0", true},
+		{row("pingpong", "mem", 8), true, "fi_rma_pingpong -U -j 0 (shm)", "-p shm -e rdm -o write -S 8 -I 100 -w 5 -U -j 0", true},
 	} {
-		tool, args, name := p.command(tc.r, tc.plain)
-		assert.Equal(t, "/ft/"+strings.Fields(name)[0], tool)
+		tool, args, name := p.command(tc.r, tc.second)
+		assert.Equal(t, filepath.Join(dir, strings.Fields(name)[0]), tool)
 		assert.Equal(t, tc.name, name)
 		assert.Equal(t, tc.args, strings.Join(args, " "))
-		assert.Equal(t, tc.plainW, p.plainWrite(tc.r), "%s %d", tc.r.Op, tc.r.Bytes)
+		assert.Equal(t, tc.twoRows, p.second(tc.r), "%s %d", tc.r.Op, tc.r.Bytes)
 	}
+	older := &peerTools{fabtestsDir: t.TempDir()} // fabtests before 1.21: no fi_rma_pingpong
+	assert.False(t, older.second(row("pingpong", "shm", 8)))
 	tool, _, _ := (&peerTools{}).command(row("read", "shm", 8), false)
 	assert.Empty(t, tool, "no fabtests: nothing measures RMA bandwidth")
 }
