@@ -56,12 +56,15 @@ func (l *memLink) readEntryVia(o *opSpec, slot uint32, addr uint64, entry *[guar
 }
 
 // keep keeps slot's entry, read while the owner published generation
-// before, when it is whole and live: the published generation was the
-// entry's before the read and still is after it (a read that overlapped a
-// publish or a revoke is used once, not kept), and it is odd (a buffer
-// holds the slot: revoke makes it even). A place whose entry is still
-// valid keeps it: two slots that share one would otherwise evict each
-// other, each op an allocation.
+// before, when it is live: the published generation was the entry's
+// before the read and still is after it, and it is odd (a buffer holds
+// the slot: revoke makes it even). A read that overlapped a publish is
+// used once, not kept. One that overlapped a revoke may be kept with the
+// entry half emptied (revoke publishes the new generation last): its zero
+// key and access refuse every op, as the revoke means to, until the new
+// generation is published and lookup drops it. A place whose entry is
+// still valid keeps it: two slots that share one would otherwise evict
+// each other, each op an allocation.
 func (l *memLink) keep(slot uint32, entry *[guardEntrySize]byte, before uint64) {
 	gen := binary.LittleEndian.Uint64(entry[8*gwGen:])
 	if gen&1 == 0 || gen != before || l.gen(slot) != before {
@@ -111,12 +114,13 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
 }
 
-// linkForChecks is the mem link to p for the cma checks' cache, when one
-// is up, without waiting for one: when there is none it starts one in the
-// background (one at a time; after memRedial when the last failed), and
-// ops read their entries meanwhile. A cma op must not wait for a dial (up
-// to verifyTimeout toward an owner that does not answer, a stopped one
-// say): it never needed the owner to answer before.
+// linkForChecks is the mem link to p for the handle checks' cache (cma,
+// shm), when one is up, without waiting for one: when there is none it
+// starts one in the background (one at a time; after memRedial when the
+// last failed), and ops read their entries meanwhile. An op must not wait
+// for a dial (up to verifyTimeout toward an owner that does not answer, a
+// stopped one say): it never needed the owner to answer on that socket
+// before.
 func (p *sameNodePeer) linkForChecks() *memLink {
 	if !p.memMu.TryLock() {
 		return nil // a dial holds it

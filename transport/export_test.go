@@ -78,5 +78,7 @@ func EntriesKept(m *Manager, h RemoteBuffer) bool {
 	}
 	p.memMu.Lock()
 	defer p.memMu.Unlock()
-	return p.link != nil && !p.link.done.Load()
+	// Not while the dial's goroutine may still take memMu (to clear
+	// dialing): an op then finds no link (linkForChecks' TryLock).
+	return p.link != nil && !p.link.done.Load() && !p.dialing
 }

@@ -349,8 +349,8 @@ type memLink struct {
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
 	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
-	// entries: guard entries read from the owner (cma, shm's direct
-	// check), valid while its generations say so.
+	// entries: guard entries read from the owner (cma, shm), valid
+	// while its generations say so.
 	entries entryCache
 }
 
