@@ -176,10 +176,13 @@ type Loop struct {
 	// (ParkWhenUnattended); attending counts them.
 	attendOnly atomic.Bool
 	attending  atomic.Int32
-	parkFor    time.Duration // parkFor, or what a test set
-	wake       chan struct{}
-	exited     chan struct{}
-	timer      *time.Timer // the background goroutine's
+	// peerWake: a peer's op is on its way (Wake); the next round counts
+	// as activity.
+	peerWake atomic.Bool
+	parkFor  time.Duration // parkFor, or what a test set
+	wake     chan struct{}
+	exited   chan struct{}
+	timer    *time.Timer // the background goroutine's
 
 	// under drive
 	down       bool   // the endpoint is closed
@@ -702,6 +705,9 @@ func (l *Loop) run() {
 		}
 		l.drive.Lock()
 		now = monoNow() // the lock may have been held a while
+		if l.peerWake.Swap(false) {
+			l.lastActive = now // Wake: spin, the peer's op may not be here yet
+		}
 		worked := l.iterate(now)
 		if handOff {
 			// The rounds of a passive loop's callers' Polls (Poll runs
@@ -1305,6 +1311,15 @@ func (l *Loop) Parked() bool { return l.parked.Load() }
 // the target's progress). Endpoints whose CQ wakes on traffic park
 // regardless.
 func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
+
+// Wake makes the loop look now, and go on looking for its Spin as after
+// activity: a peer's op that needs this endpoint's progress is on its way.
+// An idle loop whose endpoint has no wait object otherwise sleeps up to
+// MaxSleep between looks, and the op would wait for the next one.
+func (l *Loop) Wake() {
+	l.peerWake.Store(true)
+	l.kick()
+}
 
 // Attend makes the loop poll its endpoint at least every MaxSleep while
 // idle, until release is called (once): for a peer that may need this

@@ -31,7 +31,10 @@ type PollPolicy struct {
 // DefaultPollPolicy spins for 2 ms after activity and then polls at least
 // every millisecond, or parks (see PollPolicy): targets serve peers within
 // about a millisecond while idle and use little CPU.
-var DefaultPollPolicy = PollPolicy{Spin: 2 * time.Millisecond, MinSleep: 50 * time.Microsecond, MaxSleep: time.Millisecond}
+var DefaultPollPolicy = PollPolicy{Spin: DefaultSpin, MinSleep: 50 * time.Microsecond, MaxSleep: time.Millisecond}
+
+// DefaultSpin is DefaultPollPolicy's Spin.
+const DefaultSpin = 2 * time.Millisecond
 
 // BusyPollPolicy never sleeps (as fabtests do): lowest latency, one core
 // per endpoint.

@@ -268,6 +268,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 			return err
 		}
 	}
+	ops[checks[0].op].peer.wakeOwner() // the read needs the owner's progress
 	if err := x.Submit(); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -83,4 +84,38 @@ func TestIdleManagerParksItsLoops(t *testing.T) {
 	}
 	shmPeer.Close()
 	waitParked(t, m, "once the shm peer left")
+}
+
+// TestShmPeerWakesIdleOwner: a peer's shm op after an idle spell wakes
+// the owner's shm loop, which sleeps between looks while idle (shm's CQ
+// has no wait object a peer's command wakes). The owner here looks only
+// after activity or a wake (MinSleep and MaxSleep an hour), so each op
+// after the first completes only if the peer's wake reached it. shm
+// needs the owner's progress for every op on libfabric 2.x, and on 1.x
+// once CMA is off (FI_SHM_DISABLE_CMA, in the peer: it inherits this
+// process's environment).
+func TestShmPeerWakesIdleOwner(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	t.Setenv("FI_SHM_DISABLE_CMA", "1")
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM),
+		transport.WithPollPolicy(progress.PollPolicy{Spin: progress.DefaultSpin, MinSleep: time.Hour, MaxSleep: time.Hour}))
+	mem := alloc(t, 4096)
+	buf := register(t, m, mem, mr.ReadWrite)
+	mine, err := buf.Remote().Slice(0, 8)
+	require.NoError(t, err)
+
+	p := testpeer.Start(t, testenv.RouteSHM)
+	p.Register(8, mr.ReadWrite, 1)
+	idle := func() { time.Sleep(20 * progress.DefaultSpin) } // well past the owner's Spin after the last op
+	idle()
+	require.NoError(t, p.Transfer("write", 0, mine), "a write after an idle spell")
+	assert.Equal(t, testpeer.Pattern(8, 1), mem[:8])
+	testpeer.Fill(mem, 5)
+	idle()
+	require.NoError(t, p.Transfer("read", 0, mine), "a read after an idle spell")
+	assert.Equal(t, testpeer.Sum(testpeer.Pattern(8, 5)), p.Sum(0, 0, 8))
+	clear(mem)
+	idle()
+	require.NoError(t, p.Transfer("write", 0, mine), "a write after an idle spell")
+	assert.Equal(t, testpeer.Pattern(8, 5), mem[:8])
 }

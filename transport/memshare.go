@@ -124,7 +124,8 @@ type memPeers struct {
 // A peer that announces shm use on a connection (announceShm, no answer)
 // may need this manager's progress at any time from then on (the first
 // op of a new peer; every op where shm cannot copy with CMA): the shm
-// loop polls until that connection ends.
+// loop polls until that connection ends, and looks at once when the peer
+// says an op is on its way (announceWake).
 func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
 	release := func() {}
@@ -147,6 +148,8 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			if !attended {
 				attended, release = true, m.attendSameNode()
 			}
+		case n == 1 && req[0] == announceWake && attended:
+			m.wakeSameNode() // no answer: the peer reads nothing on this connection
 		case string(req) == memCtlReq && peer == nil && m.linkOn:
 			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:

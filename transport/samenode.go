@@ -44,7 +44,11 @@ import (
 // announced itself, and polls while one has (libfabric 1.x's shm needs
 // the owner's progress for a new peer's first op and, where it cannot
 // copy with CMA, for every op; 2.x's, whose single-copy path fitransfer
-// turns off, for every op). A peer that uses cma announces nothing:
+// turns off, for every op). An owner's loop polls an attending peer's
+// endpoint every MaxSleep at most while idle; so that a peer's op after
+// an idle spell does not wait for the next look, the peer writes
+// announceWake on the same connection as the op goes out (wakeOwner),
+// and the owner's loop looks at once, and for its Spin. A peer that uses cma announces nothing:
 // cma needs no progress of the owner. A second connection, not a byte on
 // the first, because an owner of an earlier version takes any byte on the
 // first for its end (and answers the second with a proof it is free to
@@ -62,6 +66,9 @@ const (
 	// announceShm is what a peer writes on its second connection to an
 	// owner's verifier: it is about to use shm toward it.
 	announceShm = 'S'
+	// announceWake is what it writes there when an shm op begins after
+	// an idle spell (wakeOwner).
+	announceWake = 'W'
 )
 
 // firstOpGrace is how long an owner's shm loop polls for any peer that
@@ -95,6 +102,9 @@ type sameNodePeer struct {
 	annMu    sync.Mutex
 	annConn  *net.UnixConn // the connection announcing shm use; nil when none
 	ended    bool          // conn ended: no announcement may outlive it; under annMu
+	// shmAt: when this manager's last shm op toward the owner began
+	// (since clockStart), for wakeOwner.
+	shmAt atomic.Int64
 }
 
 // usesShm tells the owner, once, that this manager is about to use shm
@@ -128,6 +138,44 @@ func (p *sameNodePeer) usesShm() {
 		p.annConn = c
 	})
 }
+
+// wakeOwner, as an shm op toward p goes out, tells the owner that the op
+// is on its way when this manager's previous one toward it began over
+// wakeAfter ago: by then the owner's shm loop may have stopped looking
+// after its last activity, and sleep up to its MaxSleep between looks
+// (shm's CQ has no wait object a peer's command wakes), while on
+// libfabric 2.x every op, and on 1.x those CMA does not serve, waits for
+// the owner's progress. The owner's verifier wakes its loop
+// (announceWake). One byte on the announcing connection, sent without
+// blocking: an owner that does not read it (stopped) loses it, and the op
+// waits for its next look as before.
+func (p *sameNodePeer) wakeOwner() {
+	now := int64(time.Since(clockStart))
+	if now-p.shmAt.Swap(now) < int64(wakeAfter) {
+		return
+	}
+	p.annMu.Lock()
+	defer p.annMu.Unlock()
+	if p.annConn == nil {
+		return
+	}
+	if rc, err := p.annConn.SyscallConn(); err == nil {
+		_ = rc.Write(func(fd uintptr) bool {
+			_ = unix.Send(int(fd), wakeMsg, unix.MSG_DONTWAIT)
+			return true
+		})
+	}
+}
+
+// wakeAfter is how long after its previous shm op toward an owner a peer
+// wakes the owner's loop (wakeOwner): half the default poll policy's Spin,
+// the owner's looking after activity.
+const wakeAfter = progress.DefaultSpin / 2
+
+var (
+	wakeMsg    = []byte{announceWake}
+	clockStart = time.Now() // wakeOwner's clock: monotonic
+)
 
 // endAnnouncement closes the announcement with the verified connection.
 func (p *sameNodePeer) endAnnouncement() {
@@ -277,6 +325,14 @@ func (m *Manager) startVerifier() error {
 		}
 	}()
 	return nil
+}
+
+// wakeSameNode makes the shm loop look now and for its Spin: a verified
+// peer's shm op is on its way (wakeOwner).
+func (m *Manager) wakeSameNode() {
+	if sn := m.backends().sameNode; sn != nil {
+		sn.Wake()
+	}
 }
 
 // attendSameNode keeps the shm loop polling for a verified peer until

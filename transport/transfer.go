@@ -152,6 +152,9 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			continue
 		}
 		chunks += int((o.remote.n + o.b.Chunk - 1) / o.b.Chunk) // every part's
+		if o.peer != nil {
+			o.peer.wakeOwner() // as the op goes out: the owner looks for it from now on
+		}
 		if err := x.Submit(); err != nil {
 			o.failed(ErrClosed)
 			errs = append(errs, fmt.Errorf("%s over %s: %w", o.op, o.b.Provider, ErrClosed))

@@ -140,6 +140,10 @@ func (r *Route) Parked() bool { return r.loop.Parked() }
 // until release is called (progress.Loop.Attend).
 func (r *Route) Attend() (release func()) { return r.loop.Attend() }
 
+// Wake makes the idle progress loop look now and for its Spin: a peer's
+// op that needs this endpoint's progress is on its way (progress.Loop.Wake).
+func (r *Route) Wake() { r.loop.Wake() }
+
 // Do runs fn with the endpoint to itself (memory registration and
 // deregistration go there).
 func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
