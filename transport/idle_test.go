@@ -97,8 +97,11 @@ func TestIdleManagerParksItsLoops(t *testing.T) {
 func TestShmPeerWakesIdleOwner(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	t.Setenv("FI_SHM_DISABLE_CMA", "1")
+	// The owner looks for Spin after a wake: long enough that a peer's
+	// op preempted between its wake and its post still lands in it.
+	const spin = 100 * time.Millisecond
 	m := newManager(t, transport.WithProviders(testenv.RouteSHM),
-		transport.WithPollPolicy(progress.PollPolicy{Spin: progress.DefaultSpin, MinSleep: time.Hour, MaxSleep: time.Hour}))
+		transport.WithPollPolicy(progress.PollPolicy{Spin: spin, MinSleep: time.Hour, MaxSleep: time.Hour}))
 	mem := alloc(t, 4096)
 	buf := register(t, m, mem, mr.ReadWrite)
 	mine, err := buf.Remote().Slice(0, 8)
@@ -106,7 +109,7 @@ func TestShmPeerWakesIdleOwner(t *testing.T) {
 
 	p := testpeer.Start(t, testenv.RouteSHM)
 	p.Register(8, mr.ReadWrite, 1)
-	idle := func() { time.Sleep(20 * progress.DefaultSpin) } // well past the owner's Spin after the last op
+	idle := func() { time.Sleep(3 * spin) } // past the owner's Spin after the last op: it sleeps
 	idle()
 	require.NoError(t, p.Transfer("write", 0, mine), "a write after an idle spell")
 	assert.Equal(t, testpeer.Pattern(8, 1), mem[:8])

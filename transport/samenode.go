@@ -44,8 +44,8 @@ import (
 // announced itself, and polls while one has (libfabric 1.x's shm needs
 // the owner's progress for a new peer's first op and, where it cannot
 // copy with CMA, for every op; 2.x's, whose single-copy path fitransfer
-// turns off, for every op). An owner's loop polls an attending peer's
-// endpoint every MaxSleep at most while idle; so that a peer's op after
+// turns off, for every op). While a peer attends, an idle owner's loop
+// polls its endpoint every MaxSleep at most; so that a peer's op after
 // an idle spell does not wait for the next look, the peer writes
 // announceWake on the same connection as the op goes out (wakeOwner),
 // and the owner's loop looks at once, and for its Spin. A peer that uses cma announces nothing:
@@ -102,6 +102,10 @@ type sameNodePeer struct {
 	annMu    sync.Mutex
 	annConn  *net.UnixConn // the connection announcing shm use; nil when none
 	ended    bool          // conn ended: no announcement may outlive it; under annMu
+	noWake   bool          // the owner answered a wake: it does not know it; under annMu
+	// proofRead: the owner's proof, its first message on the announcing
+	// connection, was read (wakeOwner); under annMu.
+	proofRead bool
 	// shmAt: when this manager's last shm op toward the owner began
 	// (since clockStart), for wakeOwner.
 	shmAt atomic.Int64
@@ -148,28 +152,48 @@ func (p *sameNodePeer) usesShm() {
 // the owner's progress. The owner's verifier wakes its loop
 // (announceWake). One byte on the announcing connection, sent without
 // blocking: an owner that does not read it (stopped) loses it, and the op
-// waits for its next look as before.
+// waits for its next look as before. The owner sends its proof on the
+// connection, as on every one, and nothing else unless it is of an
+// earlier version, which answers the byte with a refusal: the first such
+// answer found stops the wakes, so that unread answers never fill the
+// connection, block the owner's writes and end the announcement.
 func (p *sameNodePeer) wakeOwner() {
 	now := int64(time.Since(clockStart))
-	if now-p.shmAt.Swap(now) < int64(wakeAfter) {
+	if last := p.shmAt.Swap(now); last != 0 && now-last < int64(wakeAfter) {
 		return
 	}
 	p.annMu.Lock()
 	defer p.annMu.Unlock()
-	if p.annConn == nil {
+	if p.annConn == nil || p.noWake {
 		return
 	}
-	if rc, err := p.annConn.SyscallConn(); err == nil {
-		_ = rc.Write(func(fd uintptr) bool {
-			_ = unix.Send(int(fd), wakeMsg, unix.MSG_DONTWAIT)
-			return true
-		})
+	rc, err := p.annConn.SyscallConn()
+	if err != nil {
+		return
 	}
+	_ = rc.Control(func(fd uintptr) {
+		var b [len(proofMagic)]byte
+		for {
+			n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_DONTWAIT)
+			if err != nil || n <= 0 {
+				break // nothing unread
+			}
+			if !p.proofRead && n == len(b) && string(b[:]) == proofMagic {
+				p.proofRead = true // what the owner sends on every connection
+				continue
+			}
+			p.noWake = true // an answer: the owner does not know the byte
+			return
+		}
+		_ = unix.Send(int(fd), wakeMsg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	})
 }
 
 // wakeAfter is how long after its previous shm op toward an owner a peer
 // wakes the owner's loop (wakeOwner): half the default poll policy's Spin,
-// the owner's looking after activity.
+// the owner's looking after activity. An owner whose Spin is shorter than
+// wakeAfter may sleep through the gap between two ops that lie between
+// its Spin and wakeAfter apart, up to its MaxSleep.
 const wakeAfter = progress.DefaultSpin / 2
 
 var (
@@ -184,6 +208,7 @@ func (p *sameNodePeer) endAnnouncement() {
 	p.ended = true
 	if p.annConn != nil {
 		_ = p.annConn.Close()
+		p.annConn = nil
 	}
 }
 
