@@ -108,6 +108,14 @@ func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
 	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
 }
 
+// shmCopiesItself reports whether shm copies the bytes of op o, on the
+// shm route, with process_vm_readv/writev from this process (libfabric
+// 1.x's single copy, the owner reached): the op then needs no progress of
+// the owner, and no wake (wakeOwner).
+func (m *Manager) shmCopiesItself(o *opSpec) bool {
+	return m.guardDirect && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
+}
+
 // cmaRequest is the cma ops of one request, pooled so that a request of
 // small ops allocates nothing.
 type cmaRequest struct {
