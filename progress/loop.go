@@ -704,8 +704,8 @@ func (l *Loop) run() {
 			continue
 		}
 		l.drive.Lock()
-		now = monoNow() // the lock may have been held a while
-		if l.peerWake.Swap(false) {
+		now = monoNow()                                  // the lock may have been held a while
+		if l.peerWake.Load() && l.peerWake.Swap(false) { // a load first: this runs every round
 			l.lastActive = now // Wake: spin, the peer's op may not be here yet
 		}
 		worked := l.iterate(now)

@@ -95,7 +95,7 @@ func (m *Manager) cmaCheck(o *opSpec, seen *cmaEntries) error {
 // the verified owner's table (its process exited and the pid was reused):
 // the read over shm then fails as it always did.
 func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
-	if !m.guardDirect || !m.reach.Reaches(o.peer.pid, o.peer.cma.table) {
+	if !m.shmCopiesItself(o) {
 		return false, nil
 	}
 	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {

@@ -250,7 +250,8 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 		return err
 	}
 	x := b.NewXfer(nil)
-	x.Aim(p, progress.Read, time.Now(), deadline, ops[checks[0].op].peer.pid) // x holds p until its job is idle
+	now := time.Now()
+	x.Aim(p, progress.Read, now, deadline, ops[checks[0].op].peer.pid) // x holds p until its job is idle
 	release := true
 	defer func() {
 		if release {
@@ -268,7 +269,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 			return err
 		}
 	}
-	ops[checks[0].op].peer.wakeOwner() // the read needs the owner's progress
+	ops[checks[0].op].peer.wakeOwner(now) // the read needs the owner's progress
 	if err := x.Submit(); err != nil {
 		return err
 	}

@@ -48,8 +48,8 @@ import (
 // polls its endpoint every MaxSleep at most; so that a peer's op after
 // an idle spell does not wait for the next look, the peer writes
 // announceWake on the same connection as the op goes out (wakeOwner),
-// and the owner's loop looks at once, and for its Spin. A peer that uses cma announces nothing:
-// cma needs no progress of the owner. A second connection, not a byte on
+// and the owner's loop looks at once, and for its Spin. A peer that uses
+// cma announces nothing: cma needs no progress of the owner. A second connection, not a byte on
 // the first, because an owner of an earlier version takes any byte on the
 // first for its end (and answers the second with a proof it is free to
 // ignore). For firstOpGrace after any peer connects the owner's shm loop
@@ -156,9 +156,10 @@ func (p *sameNodePeer) usesShm() {
 // connection, as on every one, and nothing else unless it is of an
 // earlier version, which answers the byte with a refusal: the first such
 // answer found stops the wakes, so that unread answers never fill the
-// connection, block the owner's writes and end the announcement.
-func (p *sameNodePeer) wakeOwner() {
-	now := int64(time.Since(clockStart))
+// connection, block the owner's writes and end the announcement. at is
+// when the op began: the caller's clock read, not one more.
+func (p *sameNodePeer) wakeOwner(at time.Time) {
+	now := int64(at.Sub(clockStart))
 	if last := p.shmAt.Swap(now); last != 0 && now-last < int64(wakeAfter) {
 		return
 	}

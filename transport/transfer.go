@@ -153,7 +153,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		}
 		chunks += int((o.remote.n + o.b.Chunk - 1) / o.b.Chunk) // every part's
 		if o.peer != nil && !m.shmCopiesItself(o) {
-			o.peer.wakeOwner() // as the op goes out: the owner looks for it from now on
+			o.peer.wakeOwner(start) // as the op goes out: the owner looks for it from now on
 		}
 		if err := x.Submit(); err != nil {
 			o.failed(ErrClosed)

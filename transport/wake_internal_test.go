@@ -34,9 +34,9 @@ func TestWakeOwnerStopsForOlderOwners(t *testing.T) {
 		require.NoError(t, err)
 		return n
 	}
-	p.wakeOwner() // the first op: a wake
+	p.wakeOwner(time.Now()) // the first op: a wake
 	p.shmAt.Store(int64(time.Since(clockStart)))
-	p.wakeOwner() // within wakeAfter of the last op: nothing
+	p.wakeOwner(time.Now()) // within wakeAfter of the last op: nothing
 	assert.Equal(t, 1, pending(), "one wake")
 	b := make([]byte, 64)
 	n, err := owner.Read(b)
@@ -44,7 +44,7 @@ func TestWakeOwnerStopsForOlderOwners(t *testing.T) {
 	assert.Equal(t, []byte{announceWake}, b[:n])
 
 	p.shmAt.Add(-int64(2 * wakeAfter)) // an idle spell
-	p.wakeOwner()
+	p.wakeOwner(time.Now())
 	n, err = owner.Read(b)
 	require.NoError(t, err)
 	assert.Equal(t, []byte{announceWake}, b[:n], "a wake after an idle spell")
@@ -55,7 +55,7 @@ func TestWakeOwnerStopsForOlderOwners(t *testing.T) {
 	require.NoError(t, err)
 	for range 3 {
 		p.shmAt.Add(-int64(2 * wakeAfter))
-		p.wakeOwner()
+		p.wakeOwner(time.Now())
 	}
 	assert.Zero(t, pending(), "no wake once the owner answered one")
 }
