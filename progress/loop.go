@@ -163,8 +163,8 @@ type Loop struct {
 	// goroutine waits for their kick (handOff).
 	waiters atomic.Int32
 	handing atomic.Bool
-	// activeAt is lastActive for other goroutines (PollWanted);
-	// idlePolled: when PollWanted last let a caller poll an idle loop.
+	// activeAt is lastActive for other goroutines (PollIfWanted);
+	// idlePolled: when PollIfWanted or PollIfDue last polled an idle loop.
 	activeAt, idlePolled atomic.Int64
 	timers               sync.Pool    // *time.Timer for Poll's bound
 	inCall               atomic.Int64 // when the running progress call started (monoNow), 0 when none
@@ -321,18 +321,26 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		return l.waitPassive(ctx, j)
 	}
 	l.drivers.Add(1)
-	last := monoNow()
-	yielded := last
+	now := monoNow()
+	last, yielded := now, now
 	for i := 1; ; i++ {
 		// A background goroutine blocked on the CQ's fd holds no lock
 		// (block): no need to wake it first.
+		worked := false
 		if l.drive.TryLock() {
-			now := monoNow()
-			worked := l.iterate(now)
+			worked = l.iterate(now)
 			l.drive.Unlock()
 			if worked {
 				last = now
 			}
+		}
+		// The next round's clock: read after a round that did something
+		// (it may have taken long), else every 8th. Rounds that find
+		// nothing take a fraction of a microsecond, and a clock read
+		// was a fifth of one in a pingpong; iterate needs its clock only
+		// to tens of microseconds (deadlineGrain).
+		if worked || i&7 == 0 {
+			now = monoNow()
 		}
 		select {
 		case <-j.done:
@@ -345,7 +353,6 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		// moving megabytes), and a cancelled waiter must not sit out
 		// a thousand of them.
 		if i&63 == 0 {
-			now := monoNow()
 			if ctx.Err() != nil || now-last > int64(l.policy.Spin) {
 				break
 			}
@@ -525,11 +532,13 @@ func (l *Loop) InFlight() int { return l.inflight }
 // right now, and reports whether anything happened. For callers that spin
 // on memory themselves (a pingpong watching for a peer's write) and so
 // are the natural driver of progress.
-func (l *Loop) Poll() bool {
+func (l *Loop) Poll() bool { return l.pollAt(monoNow()) }
+
+// pollAt is Poll at now (monoNow).
+func (l *Loop) pollAt(now int64) bool {
 	if l.passive {
 		return l.pollPassive()
 	}
-	now := monoNow()
 	l.polled.Store(now)
 	if !l.drive.TryLock() {
 		return false
@@ -540,29 +549,49 @@ func (l *Loop) Poll() bool {
 	return worked
 }
 
-// PollWanted reports whether a caller spinning on memory, which polls
-// every endpoint it has (transport's Manager.Poll), should poll this one
-// now: always while ops are in flight or within a millisecond of
+// PollIfWanted is Poll for a caller spinning on memory, which polls every
+// endpoint it has (transport's Manager.Poll), when it should poll this
+// one now: always while ops are in flight or within a millisecond of
 // activity, else at most every idlePollEvery — on an endpoint that
 // counts peers' ops (shm), where a peer's first op toward an idle
 // endpoint still meets a poll within idlePollEvery and makes it active.
 // A round of an idle 1.x shm endpoint is a hand-off to the loop's
 // goroutine, microseconds at every look of a spinning caller. Endpoints
 // without that count (tcp) are polled at every call: a spinning target's
-// polls are what lands a peer's writes there without a wake-up.
-func (l *Loop) PollWanted() bool {
-	if !l.counted {
-		return true
-	}
+// polls are what lands a peer's writes there without a wake-up. It reads
+// the clock once: at a spinning caller's every look, a second read
+// cost as much as the rest of an idle look.
+func (l *Loop) PollIfWanted() bool {
 	now := monoNow()
-	if l.posted.Load() != l.completed.Load() || now-l.activeAt.Load() < int64(time.Millisecond) {
-		return true
+	if l.counted && l.posted.Load() == l.completed.Load() && now-l.activeAt.Load() >= int64(time.Millisecond) &&
+		!l.pollDue(now) {
+		return false
 	}
+	return l.pollAt(now)
+}
+
+// PollIfDue is Poll for a caller that polls this loop only now and then
+// (transport's Manager.PollProvider, for the endpoints its peer's writes
+// do not come over): at most every idlePollEvery, often enough to keep
+// the loop's goroutine standing back while a caller polls, seldom enough
+// that the caller's looks at its memory are not spent in rounds of an
+// endpoint that carries nothing for it.
+func (l *Loop) PollIfDue() bool {
+	now := monoNow()
+	if !l.pollDue(now) {
+		return false
+	}
+	return l.pollAt(now)
+}
+
+// pollDue reports whether idlePollEvery passed at now since the last
+// poll it let through, and takes this one if so.
+func (l *Loop) pollDue(now int64) bool {
 	last := l.idlePolled.Load()
 	return now-last >= int64(idlePollEvery) && l.idlePolled.CompareAndSwap(last, now)
 }
 
-// idlePollEvery is how often PollWanted lets callers poll an idle loop.
+// idlePollEvery is how often PollIfWanted polls an idle loop.
 const idlePollEvery = 100 * time.Microsecond
 
 // pollPassive is Poll on a passive loop: it cannot call libfabric, so it
@@ -711,7 +740,7 @@ func (l *Loop) run() {
 		worked := l.iterate(now)
 		if handOff {
 			// The rounds of a passive loop's callers' Polls (Poll runs
-			// none itself): peers' ops keep it active for PollWanted.
+			// none itself): peers' ops keep it active for PollIfWanted.
 			worked = l.lookForPeers(now, worked)
 		}
 		idleFor := time.Duration(now - l.lastActive)
@@ -1268,7 +1297,7 @@ func (l *Loop) sawRemoteOps(now int64) bool {
 
 // lookForPeers reads the remote counter after a polled round that did
 // nothing (worked), at most every idlePollEvery: peers' ops make the
-// endpoint active for PollWanted, as its own do. It reports whether the
+// endpoint active for PollIfWanted, as its own do. It reports whether the
 // round or the counter showed activity.
 func (l *Loop) lookForPeers(now int64, worked bool) bool {
 	if worked || !l.counted || now-l.remoteLooked < int64(idlePollEvery) {

@@ -629,12 +629,12 @@ func TestPassiveLoopOpsInFlight(t *testing.T) {
 	assert.Empty(t, j.Errs, "the op completed, nothing expired")
 }
 
-// TestPollWanted: a caller spinning on memory polls an idle endpoint that
+// TestPollIfWanted: a caller spinning on memory polls an idle endpoint that
 // counts peers' ops at most every idlePollEvery (a round of an idle 1.x
 // shm endpoint costs microseconds), one with ops in flight at every look,
 // a peer's op on an idle endpoint makes it active, and an endpoint that
 // cannot count peers' ops is polled at every look.
-func TestPollWanted(t *testing.T) {
+func TestPollIfWanted(t *testing.T) {
 	const n = 20000
 	f := newFakePort()
 	f.counted = true
@@ -646,9 +646,7 @@ func TestPollWanted(t *testing.T) {
 	spin := func() (rounds int64, elapsed time.Duration) {
 		reaps, start := f.reaps.Load(), monoNow()
 		for i := 0; i < n; i++ {
-			if l.PollWanted() {
-				l.Poll()
-			}
+			l.PollIfWanted()
 		}
 		return f.reaps.Load() - reaps, time.Duration(monoNow() - start)
 	}
@@ -658,9 +656,7 @@ func TestPollWanted(t *testing.T) {
 	f.remote.Add(1) // a peer's op
 	before := l.activeAt.Load()
 	require.Eventually(t, func() bool {
-		if l.PollWanted() {
-			l.Poll()
-		}
+		l.PollIfWanted()
 		return l.activeAt.Load() > before
 	}, 10*time.Second, time.Microsecond, "a peer's op did not make the endpoint active")
 
@@ -681,9 +677,7 @@ func TestPollWanted(t *testing.T) {
 	defer u.Close(nil)
 	reaps := g.reaps.Load()
 	for i := 0; i < n; i++ {
-		if u.PollWanted() {
-			u.Poll()
-		}
+		u.PollIfWanted()
 	}
 	assert.GreaterOrEqual(t, g.reaps.Load()-reaps, int64(n)-50, "rounds of %d looks at an idle endpoint without a remote count", n)
 }

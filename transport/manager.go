@@ -627,8 +627,8 @@ func peerGoneOf(err error) *progress.PeerGoneError {
 // pingpong, a flag — and wants that spinning to drive progress too.
 func (m *Manager) Poll() {
 	for _, b := range m.backends().all {
-		if !b.Retired.Load() && b.PollWanted() {
-			b.Poll()
+		if !b.Retired.Load() {
+			b.PollIfWanted()
 		}
 	}
 }

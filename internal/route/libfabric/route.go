@@ -120,12 +120,13 @@ func (r *Route) Wedged() error { return r.loop.Wedged() }
 // Activity counts the ops posted and completed on the endpoint so far.
 func (r *Route) Activity() (posted, completed uint64) { return r.loop.Activity() }
 
-// Poll progresses the endpoint once, unless another goroutine is.
-func (r *Route) Poll() { r.loop.Poll() }
+// PollIfWanted polls the route if a caller spinning on memory should now
+// (progress.Loop.PollIfWanted).
+func (r *Route) PollIfWanted() { r.loop.PollIfWanted() }
 
-// PollWanted reports whether a caller spinning on memory should Poll
-// the route now (progress.Loop.PollWanted).
-func (r *Route) PollWanted() bool { return r.loop.PollWanted() }
+// PollIfDue polls the route if a caller polling it only now and then
+// should now (progress.Loop.PollIfDue).
+func (r *Route) PollIfDue() { r.loop.PollIfDue() }
 
 // ParkWhenUnattended lets the idle progress loop stop polling while no
 // peer attends (progress.Loop.ParkWhenUnattended): for an endpoint that
@@ -135,6 +136,10 @@ func (r *Route) ParkWhenUnattended() { r.loop.ParkWhenUnattended() }
 // Parked reports whether the progress loop waits for work without
 // polling (progress.Loop.Parked).
 func (r *Route) Parked() bool { return r.loop.Parked() }
+
+// Rounds is how many rounds of progress the endpoint's loop ran, to
+// within 16 (progress.Loop.Rounds).
+func (r *Route) Rounds() uint64 { return r.loop.Rounds() }
 
 // Attend keeps the progress loop polling for a peer that may need it,
 // until release is called (progress.Loop.Attend).
