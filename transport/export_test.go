@@ -82,3 +82,15 @@ func EntriesKept(m *Manager, h RemoteBuffer) bool {
 	// dialing): an op then finds no link (linkForChecks' TryLock).
 	return p.link != nil && !p.link.done.Load() && !p.dialing
 }
+
+// LoopRounds reports, by provider, how many rounds (to within 16) the
+// progress loop of each of m's libfabric backends has run.
+func LoopRounds(m *Manager) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, b := range m.backends().all {
+		if !b.Retired.Load() {
+			out[b.Name()] = b.Rounds()
+		}
+	}
+	return out
+}

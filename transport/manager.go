@@ -32,6 +32,7 @@ type Manager struct {
 	node     ID
 	log      zerolog.Logger
 	set      atomic.Pointer[backendSet] // the libfabric endpoints
+	polls    atomic.Uint32              // PollProvider calls, for its look at the other backends
 	cma      *cma.Route                 // nil when not used
 	guard    *guardTable
 	reach    cma.Reach
@@ -632,6 +633,31 @@ func (m *Manager) Poll() {
 		}
 	}
 }
+
+// PollProvider is Poll for a caller whose peer's writes come over one
+// provider, as a Route's Backend names it (a pingpong spinning on its
+// memory): it progresses that provider's backends at every call, and the
+// others at most every 100 µs, which keeps them progressed — their loops
+// stand back while a caller polls — without a cgo round each per look
+// at the caller's memory. Routes that need no progress of this process
+// for a peer's ops (memcpy, mem, cma) have no such backend.
+func (m *Manager) PollProvider(provider string) {
+	// Only every pollOthersEvery-th call reads the clock for the others.
+	others := m.polls.Add(1)%pollOthersEvery == 0
+	for _, b := range m.backends().all {
+		switch {
+		case b.Retired.Load():
+		case b.Name() == provider:
+			b.PollIfWanted()
+		case others:
+			b.PollIfDue()
+		}
+	}
+}
+
+// pollOthersEvery is how many PollProvider calls ask once whether the
+// backends of the other providers are due.
+const pollOthersEvery = 64
 
 // Close closes the manager: transfers still in flight fail with ErrClosed,
 // every buffer is deregistered, every endpoint closed. Later calls fail
