@@ -104,6 +104,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 			Fill(send.Bytes(), seed)
 		}
 		dst, _ := s.remote.Slice(0, size)
+		poll := pollRoute(cfg.Manager, s.Route)
 		lat := make([]time.Duration, 0, iters)
 		var elapsed time.Duration
 		done := 0
@@ -116,7 +117,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 				runErr = err
 				break
 			}
-			if err := WaitByte(ctx, recv, mark, cfg.Timeout, cfg.Manager.Poll, s.serverGone); err != nil {
+			if err := WaitByte(ctx, recv, mark, cfg.Timeout, poll, s.serverGone); err != nil {
 				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
 				break
 			}

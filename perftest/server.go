@@ -412,11 +412,16 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	// to the client's own address, so that no client can point the
 	// server's traffic at a third host (or learn which of its ports are
 	// open).
-	if rt, err := s.m.Route(peer); err == nil && rt.Host != "" {
+	rt, rtErr := s.m.Route(peer)
+	if rtErr == nil && rt.Host != "" {
 		client, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
 		if !net.ParseIP(rt.Host).Equal(net.ParseIP(client)) {
 			return fmt.Errorf("the pingpong buffer is at %s, not at the client's address %s: serve writes only to its client", rt.Host, client)
 		}
+	}
+	poll := s.m.Poll
+	if rtErr == nil {
+		poll = pollRoute(s.m, rt)
 	}
 	if peer.Len() < size {
 		return fmt.Errorf("client buffer of %d bytes is smaller than the %d-byte pingpong", peer.Len(), size)
@@ -426,7 +431,7 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	send, _ := buf.Slice(size, size)
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
-		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, s.m.Poll, clientGone(conn)); err != nil {
+		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, poll, clientGone(conn)); err != nil {
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 		if msg.Seed != 0 { // verifying: echo what arrived

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 // Marker is the value the last byte of a pingpong buffer takes in
@@ -51,6 +52,15 @@ func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, p
 			runtime.Gosched()
 		}
 	}
+}
+
+// pollRoute is what a pingpong's watcher polls between its reads: the
+// backends of the route its peer's writes come over (the route of its own
+// writes to that peer), not every endpoint of the manager. A round of
+// another endpoint (a cgo call) costs more than a look at the byte, and
+// delays seeing the byte change by as much.
+func pollRoute(m *transport.Manager, rt transport.Route) func() {
+	return func() { m.PollProvider(rt.Backend) }
 }
 
 // WaitByte's stall checks: the first after stallAfter, then every
