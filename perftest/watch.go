@@ -19,7 +19,7 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 // watches its buffer; the peer's RMA write changes it. It reads the byte
 // with an atomic load of its aligned word (mr.Word32), so the compiler
 // cannot hoist the read out of the loop. poll, when set, is called between reads: the
-// watcher drives progress (Manager.Poll), as fabtests' pingpong does by
+// watcher drives progress (Manager.PollRoute), as fabtests' pingpong does by
 // polling its CQ. stalled, when set, is asked whether to give up once
 // the wait has lasted a second, then every quarter second: a pingpong
 // whose peer went away ends with stalled's error instead of the timeout.
@@ -55,12 +55,12 @@ func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, p
 }
 
 // pollRoute is what a pingpong's watcher polls between its reads: the
-// backends of the route its peer's writes come over (the route of its own
-// writes to that peer), not every endpoint of the manager. A round of
-// another endpoint (a cgo call) costs more than a look at the byte, and
-// delays seeing the byte change by as much.
+// backends of the route its own writes to the peer take, which the
+// peer's writes back take too, not every endpoint of the manager
+// (Manager.PollRoute). Where the peer writes back over another route
+// (cma reaches one way only, say), that route's own loop progresses it.
 func pollRoute(m *transport.Manager, rt transport.Route) func() {
-	return func() { m.PollProvider(rt.Backend) }
+	return func() { m.PollRoute(rt) }
 }
 
 // WaitByte's stall checks: the first after stallAfter, then every

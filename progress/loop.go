@@ -164,7 +164,7 @@ type Loop struct {
 	waiters atomic.Int32
 	handing atomic.Bool
 	// activeAt is lastActive for other goroutines (PollIfWanted);
-	// idlePolled: when PollIfWanted or PollIfDue last polled an idle loop.
+	// idlePolled: when PollIfWanted last polled an idle loop.
 	activeAt, idlePolled atomic.Int64
 	timers               sync.Pool    // *time.Timer for Poll's bound
 	inCall               atomic.Int64 // when the running progress call started (monoNow), 0 when none
@@ -338,7 +338,9 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		// (it may have taken long), else every 8th. Rounds that find
 		// nothing take a fraction of a microsecond, and a clock read
 		// was a fifth of one in a pingpong; iterate needs its clock only
-		// to tens of microseconds (deadlineGrain).
+		// to tens of microseconds (deadlineGrain). A clock seven such
+		// rounds old would move a wedge (WedgeAfter, seconds) early only
+		// if each had sat in libfabric for a good part of a second.
 		if worked || i&7 == 0 {
 			now = monoNow()
 		}
@@ -549,46 +551,27 @@ func (l *Loop) pollAt(now int64) bool {
 	return worked
 }
 
-// PollIfWanted is Poll for a caller spinning on memory, which polls every
-// endpoint it has (transport's Manager.Poll), when it should poll this
-// one now: always while ops are in flight or within a millisecond of
-// activity, else at most every idlePollEvery — on an endpoint that
-// counts peers' ops (shm), where a peer's first op toward an idle
-// endpoint still meets a poll within idlePollEvery and makes it active.
-// A round of an idle 1.x shm endpoint is a hand-off to the loop's
-// goroutine, microseconds at every look of a spinning caller. Endpoints
-// without that count (tcp) are polled at every call: a spinning target's
-// polls are what lands a peer's writes there without a wake-up. It reads
-// the clock once: at a spinning caller's every look, a second read
-// cost as much as the rest of an idle look.
+// PollIfWanted is Poll for a caller spinning on memory (transport's
+// Manager.Poll and PollRoute), when it should poll this endpoint now:
+// always while ops are in flight or within a millisecond of activity,
+// else at most every idlePollEvery — on an endpoint that counts peers'
+// ops (shm), where a peer's first op toward an idle endpoint still meets
+// a poll within idlePollEvery and makes it active. A round of an idle 1.x
+// shm endpoint is a hand-off to the loop's goroutine, microseconds at
+// every look of a spinning caller. Endpoints without that count (tcp) are
+// polled at every call: a spinning target's polls are what lands a peer's
+// writes there without a wake-up. It reads the clock once: at a spinning
+// caller's every look, a second read cost as much as the rest of an idle
+// look.
 func (l *Loop) PollIfWanted() bool {
 	now := monoNow()
-	if l.counted && l.posted.Load() == l.completed.Load() && now-l.activeAt.Load() >= int64(time.Millisecond) &&
-		!l.pollDue(now) {
-		return false
+	if l.counted && l.posted.Load() == l.completed.Load() && now-l.activeAt.Load() >= int64(time.Millisecond) {
+		last := l.idlePolled.Load()
+		if now-last < int64(idlePollEvery) || !l.idlePolled.CompareAndSwap(last, now) {
+			return false
+		}
 	}
 	return l.pollAt(now)
-}
-
-// PollIfDue is Poll for a caller that polls this loop only now and then
-// (transport's Manager.PollProvider, for the endpoints its peer's writes
-// do not come over): at most every idlePollEvery, often enough to keep
-// the loop's goroutine standing back while a caller polls, seldom enough
-// that the caller's looks at its memory are not spent in rounds of an
-// endpoint that carries nothing for it.
-func (l *Loop) PollIfDue() bool {
-	now := monoNow()
-	if !l.pollDue(now) {
-		return false
-	}
-	return l.pollAt(now)
-}
-
-// pollDue reports whether idlePollEvery passed at now since the last
-// poll it let through, and takes this one if so.
-func (l *Loop) pollDue(now int64) bool {
-	last := l.idlePolled.Load()
-	return now-last >= int64(idlePollEvery) && l.idlePolled.CompareAndSwap(last, now)
 }
 
 // idlePollEvery is how often PollIfWanted polls an idle loop.

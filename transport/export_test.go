@@ -83,13 +83,14 @@ func EntriesKept(m *Manager, h RemoteBuffer) bool {
 	return p.link != nil && !p.link.done.Load() && !p.dialing
 }
 
-// LoopRounds reports, by provider, how many rounds (to within 16) the
-// progress loop of each of m's libfabric backends has run.
+// LoopRounds reports, by provider, how many rounds (to within 16 each)
+// the progress loops of m's libfabric backends have run, summed over the
+// backends of a provider (rails).
 func LoopRounds(m *Manager) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, b := range m.backends().all {
 		if !b.Retired.Load() {
-			out[b.Name()] = b.Rounds()
+			out[b.Name()] += b.Rounds()
 		}
 	}
 	return out

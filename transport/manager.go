@@ -32,7 +32,6 @@ type Manager struct {
 	node     ID
 	log      zerolog.Logger
 	set      atomic.Pointer[backendSet] // the libfabric endpoints
-	polls    atomic.Uint32              // PollProvider calls, for its look at the other backends
 	cma      *cma.Route                 // nil when not used
 	guard    *guardTable
 	reach    cma.Reach
@@ -634,30 +633,23 @@ func (m *Manager) Poll() {
 	}
 }
 
-// PollProvider is Poll for a caller whose peer's writes come over one
-// provider, as a Route's Backend names it (a pingpong spinning on its
-// memory): it progresses that provider's backends at every call, and the
-// others at most every 100 µs, which keeps them progressed — their loops
-// stand back while a caller polls — without a cgo round each per look
-// at the caller's memory. Routes that need no progress of this process
-// for a peer's ops (memcpy, mem, cma) have no such backend.
-func (m *Manager) PollProvider(provider string) {
-	// Only every pollOthersEvery-th call reads the clock for the others.
-	others := m.polls.Add(1)%pollOthersEvery == 0
+// PollRoute is Poll for a caller whose peer's writes come over rt (a
+// pingpong spinning on its memory: the route of its own writes to that
+// peer). It progresses the backends of rt's provider as Poll does, and
+// leaves the others to their own loops: a round of each at every look
+// would delay seeing the caller's memory change by a cgo call or more,
+// and a caller that only now and then polled them would hold their loops
+// back (a loop stands back while a caller polls it) and slow what peers
+// do over them. Routes that need no progress of this process for a
+// peer's ops (memcpy, mem, cma) have no such backend. Under
+// BusyPollPolicy the other loops spin meanwhile, a core each.
+func (m *Manager) PollRoute(rt Route) {
 	for _, b := range m.backends().all {
-		switch {
-		case b.Retired.Load():
-		case b.Name() == provider:
+		if b.Name() == rt.Backend && !b.Retired.Load() {
 			b.PollIfWanted()
-		case others:
-			b.PollIfDue()
 		}
 	}
 }
-
-// pollOthersEvery is how many PollProvider calls ask once whether the
-// backends of the other providers are due.
-const pollOthersEvery = 64
 
 // Close closes the manager: transfers still in flight fail with ErrClosed,
 // every buffer is deregistered, every endpoint closed. Later calls fail

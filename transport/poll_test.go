@@ -2,45 +2,43 @@ package transport_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
-// TestPollProviderPollsItsRoute: a caller spinning with PollProvider runs
-// a round of that provider's endpoint at every call, and of the others
-// at most every 100 µs (progress's idlePollEvery) — enough to keep them
-// progressed, without a cgo round each at every look of a pingpong.
-func TestPollProviderPollsItsRoute(t *testing.T) {
+// TestPollRoutePollsOnlyItsRoute: a caller spinning with PollRoute on the
+// route to a peer runs a round of that route's endpoint at every call,
+// and leaves the manager's other endpoints to their loops: no round of
+// theirs at its looks, and their loops stay parked, not held back by a
+// caller that polls them now and then.
+func TestPollRoutePollsOnlyItsRoute(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	testenv.RequireRoute(t, testenv.RouteTCP)
 	m := newManager(t, transport.WithProviders(testenv.RouteSHM, testenv.RouteTCP))
+	peer := testpeer.Start(t, testenv.RouteTCP)
+	rt, err := m.Route(peer.Register(8, mr.ReadWrite, 1))
+	require.NoError(t, err)
+	require.Equal(t, testenv.RouteTCP, rt.Backend)
 	waitParked(t, m, "idle")
+
 	const n = 20000
-	spin := func(provider string) (rounds map[string]uint64, elapsed time.Duration) {
-		before, start := transport.LoopRounds(m), time.Now()
-		for i := 0; i < n; i++ {
-			m.PollProvider(provider)
-		}
-		elapsed, rounds = time.Since(start), transport.LoopRounds(m)
-		for p := range rounds {
-			rounds[p] -= before[p]
-		}
-		return rounds, elapsed
+	before := transport.LoopRounds(m)
+	for i := 0; i < n; i++ {
+		m.PollRoute(rt)
 	}
-	// At 99% of the calls at least: the loop's own goroutine, woken by
-	// the first, may hold the endpoint at some.
-	rounds, _ := spin(testenv.RouteTCP)
-	assert.GreaterOrEqual(t, rounds[testenv.RouteTCP], uint64(n-n/100), "rounds of the polled provider's endpoint in %d calls", n)
-	// The tcp loop runs at most one round per due poll, plus one per
-	// millisecond of its own while callers poll it; rounds are counted
-	// to within 16 at each end.
-	for _, p := range []string{testenv.RouteSHM, "mem"} {
-		rounds, elapsed := spin(p)
-		limit := 2 + uint64(elapsed/(100*time.Microsecond)) + uint64(elapsed/time.Millisecond) + 32
-		assert.LessOrEqual(t, rounds[testenv.RouteTCP], limit, "rounds of the tcp endpoint in %d calls for %s over %v", n, p, elapsed)
-	}
+	after := transport.LoopRounds(m)
+	// At 99% of the calls at least: the tcp loop's own goroutine may
+	// hold the endpoint at some.
+	assert.GreaterOrEqual(t, after[testenv.RouteTCP]-before[testenv.RouteTCP], uint64(n-n/100),
+		"rounds of the route's endpoint in %d calls", n)
+	// Rounds are counted to within 16 at each end.
+	assert.LessOrEqual(t, after[testenv.RouteSHM]-before[testenv.RouteSHM], uint64(32),
+		"rounds of the shm endpoint in %d calls for a tcp route", n)
+	assert.True(t, transport.LoopsParked(m)[testenv.RouteSHM], "the shm loop is parked")
 }

@@ -124,10 +124,6 @@ func (r *Route) Activity() (posted, completed uint64) { return r.loop.Activity()
 // (progress.Loop.PollIfWanted).
 func (r *Route) PollIfWanted() { r.loop.PollIfWanted() }
 
-// PollIfDue polls the route if a caller polling it only now and then
-// should now (progress.Loop.PollIfDue).
-func (r *Route) PollIfDue() { r.loop.PollIfDue() }
-
 // ParkWhenUnattended lets the idle progress loop stop polling while no
 // peer attends (progress.Loop.ParkWhenUnattended): for an endpoint that
 // peers reach only after announcing themselves.
