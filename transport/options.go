@@ -53,7 +53,9 @@ func WithProviders(providers ...string) Option {
 func WithRMAPolicy(p fabric.RMAPolicy) Option { return func(c *config) { c.policy = p } }
 
 // WithTimeout sets the deadline of transfers whose context has none
-// (default DefaultTimeout).
+// (default DefaultTimeout), counted from when its ops are routed: a first
+// op toward a same-node owner may spend up to 2 s before that verifying
+// the owner, whatever the deadline.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithChunkSize caps the size of one RMA op (default DefaultChunkSize);

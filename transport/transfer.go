@@ -103,17 +103,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if err := ctx.Err(); err != nil {
 		return notStarted(kind, ops, err) // on every route, before anything is looked up or moved
 	}
-	// One clock read for the request: its start, and its deadline when
-	// the context has none.
-	start := time.Now()
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = start.Add(m.cfg.timeout)
-	}
+	times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
 	if err := m.acquire(); err != nil {
 		return err
 	}
-	if err := m.prepare(ctx, deadline, ops); err != nil {
+	if err := m.prepare(ctx, &times, ops); err != nil {
 		m.releaseManager()
 		m.replaceIfStuck(m.backends().sameNode, err)
 		releaseOps(ops)
@@ -145,6 +139,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		}
 		x := o.b.NewXfer(o.local.st)
 		o.x, o.local.st = x, nil // the Xfer releases the local ref now
+		start, deadline := times.get()
 		if err := m.fill(x, o, start, deadline); err != nil {
 			o.failed(err)
 			errs = append(errs, err)
@@ -165,7 +160,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	m.releaseManager()
 	// Same-manager and cma ops are copies, done while the others fly.
-	lim := route.Limit{Ctx: ctx, Start: start, Deadline: deadline}
+	lim := route.Limit{Ctx: ctx}
+	if !copiesOnly(ops) {
+		lim.Start, lim.Deadline = times.get()
+	}
+	start, deadline := lim.Start, lim.Deadline
 	for i := range ops {
 		o := &ops[i]
 		if o.kind == route.Memcpy {
@@ -255,10 +254,45 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		NotAttempted: max(0, chunks-attempted), Errs: errs}
 }
 
+// reqTimes is a request's start, and its deadline (the context's, or
+// the manager's timeout from the start), read from the clock at the first
+// need: a request of copies no larger than a piece (mem, memcpy) has
+// none, and for an 8 B mem op the read was an eighth of its time.
+type reqTimes struct {
+	ctx             context.Context
+	timeout         time.Duration
+	start, deadline time.Time
+}
+
+// get reads the clock the first time.
+func (t *reqTimes) get() (start, deadline time.Time) {
+	if t.start.IsZero() {
+		t.start = time.Now()
+		d, ok := t.ctx.Deadline()
+		if !ok {
+			d = t.start.Add(t.timeout)
+		}
+		t.deadline = d
+	}
+	return t.start, t.deadline
+}
+
+// copiesOnly reports whether every op is a copy (same manager, mem) that
+// moves in one piece: the copy routes look at the request's limit only
+// between pieces (route.Piece), so these never need its start or deadline.
+func copiesOnly(ops []opSpec) bool {
+	for i := range ops {
+		if k := ops[i].kind; k != route.Memcpy && k != route.Mem || ops[i].remote.n > route.Piece {
+			return false
+		}
+	}
+	return true
+}
+
 // prepare takes the local references, routes every op and checks it
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
-func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec) error {
+func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) error {
 	pooled := guardChecks.Get().(*[]guardCheck)
 	checks := (*pooled)[:0]
 	defer func() {
@@ -353,6 +387,7 @@ func (m *Manager) prepare(ctx context.Context, deadline time.Time, ops []opSpec)
 	if len(checks) == 0 {
 		return nil
 	}
+	_, deadline := times.get()
 	if err := m.verifyGuards(ctx, deadline, checkBackend, ops, checks); err != nil {
 		return err
 	}
