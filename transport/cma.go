@@ -2,6 +2,7 @@ package transport
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/fitransfer/fitransfer/internal/route"
@@ -128,6 +129,9 @@ var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
 // runCMA runs the request's ops on the cma route and appends their errors
 // to errs; it returns errs and how many ops failed.
 func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
+	if !slices.ContainsFunc(ops, func(o opSpec) bool { return o.kind == route.CMA }) {
+		return errs, 0 // no pooled request to take and give back
+	}
 	rq := cmaRequests.Get().(*cmaRequest)
 	defer func() {
 		clear(rq.ops)

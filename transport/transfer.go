@@ -293,12 +293,17 @@ func copiesOnly(ops []opSpec) bool {
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
 func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) error {
-	pooled := guardChecks.Get().(*[]guardCheck)
-	checks := (*pooled)[:0]
+	// The checks' slice is pooled, and taken only for a first check: most
+	// requests need none (mem, cma, tcp), and the pool's round was a
+	// twentieth of an 8 B mem op.
+	var pooled *[]guardCheck
+	var checks []guardCheck
 	defer func() {
-		clear(checks)
-		*pooled = checks[:0]
-		guardChecks.Put(pooled)
+		if pooled != nil {
+			clear(checks)
+			*pooled = checks[:0]
+			guardChecks.Put(pooled)
+		}
 	}()
 	var cmaSeen cmaEntries
 	var checkBackend *libfabric.Route
@@ -380,6 +385,10 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 			}
 			if checkBackend == nil {
 				checkBackend = b
+			}
+			if pooled == nil {
+				pooled = guardChecks.Get().(*[]guardCheck)
+				checks = (*pooled)[:0]
 			}
 			checks = append(checks, c)
 		}

@@ -12,6 +12,7 @@ package cma
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -127,8 +128,20 @@ func ProcName(pid int) []byte { return []byte(strconv.Itoa(pid)) }
 
 // PID is the process a cma name names, or 0.
 func PID(name []byte) int {
-	pid, err := strconv.Atoi(string(name))
-	if err != nil || pid <= 0 {
+	// Digits only, parsed here: strconv.Atoi (which also takes a sign)
+	// was a twelfth of an 8 B mem op, which checks a handle's name
+	// against its verified owner.
+	if len(name) == 0 || len(name) > 10 {
+		return 0
+	}
+	pid := 0
+	for _, c := range name {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		pid = 10*pid + int(c-'0')
+	}
+	if pid > math.MaxInt32 {
 		return 0
 	}
 	return pid

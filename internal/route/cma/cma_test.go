@@ -3,6 +3,7 @@ package cma
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"testing"
@@ -93,5 +94,11 @@ func TestNames(t *testing.T) {
 	assert.Equal(t, 1234, PID(ProcName(1234)))
 	assert.Zero(t, PID([]byte("-3")))
 	assert.Zero(t, PID([]byte("fi_shm://1")))
+	// Digits only: no sign, no blank, nothing longer than an int32.
+	for _, bad := range []string{"", "0", "+3", " 3", "3 ", "12345678901", "2147483648"} {
+		assert.Zero(t, PID([]byte(bad)), "%q", bad)
+	}
+	assert.Equal(t, 4194304, PID([]byte("4194304")))
+	assert.Equal(t, math.MaxInt32, PID([]byte("2147483647")))
 	assert.Equal(t, "process 7", Peer(7))
 }
