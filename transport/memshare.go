@@ -724,6 +724,7 @@ func (m *Manager) memCopy(lim route.Limit, o *opSpec) error {
 		err = mem.Copy(lim, o.op, local, o.mm.b[o.remote.off:o.remote.off+o.remote.n], &owner)
 	}
 	switch {
+	case err == nil:
 	case errors.Is(err, mem.ErrGone) && m.down.Load():
 		return fmt.Errorf("%s over %s: %w", o.op, mem.Name, ErrClosed) // this manager ended its links
 	case errors.Is(err, mem.ErrGone):
