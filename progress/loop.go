@@ -143,8 +143,11 @@ type Loop struct {
 	log        zerolog.Logger
 	wedgeAfter time.Duration
 
-	mu          sync.Mutex // guards the fields up to drive
-	inbox       []*Job
+	mu    sync.Mutex // guards the fields up to drive
+	inbox []*Job
+	// queued: jobs are in the inbox (set under mu by Submit), so that a
+	// round with nothing submitted takes no lock.
+	queued      atomic.Bool
 	closing     bool
 	beforeClose func()
 
@@ -263,6 +266,7 @@ func (l *Loop) Submit(j *Job) error {
 		return ErrClosed
 	}
 	l.inbox = append(l.inbox, j)
+	l.queued.Store(true)
 	l.mu.Unlock()
 	if l.parked.Load() {
 		// A parked loop would not look for a job nobody waits for until
@@ -840,9 +844,13 @@ const deadlineGrain = 50 * time.Microsecond
 // intake takes the submitted jobs at now (monoNow: the round's clock, not
 // a read per job). Under the drive lock.
 func (l *Loop) intake(now int64) bool {
+	if !l.queued.Load() {
+		return false
+	}
 	l.mu.Lock()
 	jobs := l.inbox
 	l.inbox = l.spareJobs[:0]
+	l.queued.Store(false)
 	l.mu.Unlock()
 	for _, j := range jobs {
 		if len(j.Chunks) == 0 {
