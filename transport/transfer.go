@@ -514,7 +514,10 @@ func (m *Manager) nextPart(o *opSpec, lim route.Limit) error {
 	more := len(x.Job().Errs) == 0 && o.sent < o.remote.n
 	peer, start := x.Job().PeerName, x.Job().Start
 	var next *libfabric.Xfer
-	stop := lim.Err()
+	var stop error
+	if more {
+		stop = lim.Err() // a clock read: only between parts
+	}
 	if more && stop == nil {
 		st := x.Local().(*bufState)
 		st.hold() // before x lets go of it
