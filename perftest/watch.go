@@ -25,9 +25,12 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 // whose peer went away ends with stalled's error instead of the timeout.
 func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func(), stalled func() error) error {
 	word, shift := mr.Word32(b, len(b)-1)
-	start := time.Now()
-	deadline := start.Add(timeout)
-	nextCheck := start.Add(stallAfter)
+	// The clock is read at the first check, 1024 looks in, not before the
+	// first look: most waits of a pingpong end sooner, and the read cost
+	// as much as a look. The timeout runs from that check: 1024 looks
+	// late, microseconds in a pingpong, up to a second where each look
+	// is a passive loop's Poll (a millisecond at most).
+	var start, deadline, nextCheck time.Time
 	for i := 0; ; i++ {
 		if byte(atomic.LoadUint32(word)>>shift) == want {
 			return nil
@@ -40,6 +43,9 @@ func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, p
 				return err
 			}
 			now := time.Now()
+			if start.IsZero() {
+				start, deadline, nextCheck = now, now.Add(timeout), now.Add(stallAfter)
+			}
 			if now.After(deadline) {
 				return fmt.Errorf("the peer's write did not arrive within %v", timeout)
 			}
