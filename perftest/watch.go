@@ -23,6 +23,7 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 // polling its CQ. stalled, when set, is asked whether to give up once
 // the wait has lasted a second, then every quarter second: a pingpong
 // whose peer went away ends with stalled's error instead of the timeout.
+// Both run from WaitByte's first check of the clock, 1024 looks in.
 func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func(), stalled func() error) error {
 	word, shift := mr.Word32(b, len(b)-1)
 	// The clock is read at the first check, 1024 looks in, not before the

@@ -1388,6 +1388,7 @@ func (l *Loop) shutdown() {
 		add(j)
 	}
 	l.inbox = nil
+	l.queued.Store(false)
 	before := l.beforeClose
 	l.mu.Unlock()
 	for _, j := range jobs {

@@ -53,9 +53,11 @@ func WithProviders(providers ...string) Option {
 func WithRMAPolicy(p fabric.RMAPolicy) Option { return func(c *config) { c.policy = p } }
 
 // WithTimeout sets the deadline of transfers whose context has none
-// (default DefaultTimeout), counted from when its ops are routed: a first
-// op toward a same-node owner may spend up to 2 s before that verifying
-// the owner, whatever the deadline.
+// (default DefaultTimeout), counted from when their ops are routed (over
+// several rails, from the call). Routing toward a same-node owner may
+// first wait, whatever the deadline, up to 2 s for each step of a
+// handshake it needs: verifying the owner, opening the mem link, mapping
+// a buffer not mapped before.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithChunkSize caps the size of one RMA op (default DefaultChunkSize);

@@ -278,8 +278,9 @@ func (t *reqTimes) get() (start, deadline time.Time) {
 }
 
 // copiesOnly reports whether every op is a copy (same manager, mem) that
-// moves in one piece: the copy routes look at the request's limit only
-// between pieces (route.Piece), so these never need its start or deadline.
+// moves in one piece: those two routes look at the request's limit only
+// between pieces (route.Piece), so these never need its start or
+// deadline. (cma looks before its first chunk: a cma op needs them.)
 func copiesOnly(ops []opSpec) bool {
 	for i := range ops {
 		if k := ops[i].kind; k != route.Memcpy && k != route.Mem || ops[i].remote.n > route.Piece {

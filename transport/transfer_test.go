@@ -104,6 +104,28 @@ func TestSameManagerIsMemcpy(t *testing.T) {
 	assert.Equal(t, b[100:4100], a[10:4010])
 }
 
+// TestLongCopyEndsAtManagerTimeout: a copy longer than a piece looks at
+// the request's deadline between pieces, and with the manager's timeout
+// passed it ends with a timeout counted from the request — not one whose
+// clock was never read (an op in one piece reads none).
+func TestLongCopyEndsAtManagerTimeout(t *testing.T) {
+	m := newManager(t, transport.WithTimeout(time.Nanosecond))
+	const n = 12 << 20 // three pieces
+	src := register(t, m, alloc(t, n), mr.ReadWrite)
+	dst := register(t, m, alloc(t, n), mr.ReadWrite)
+	start := time.Now()
+	err := m.ReadInto(context.Background(), dst, src.Remote())
+	var te *progress.TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.LessOrEqual(t, te.After, time.Since(start), "the timeout's age, from the request")
+	small, err := dst.Slice(0, 8)
+	require.NoError(t, err)
+	from, err := src.Remote().Slice(0, 8)
+	require.NoError(t, err)
+	require.NoError(t, m.ReadInto(context.Background(), small, from), "an op in one piece never looks at its deadline")
+}
+
 // TestTwoManagersOfOneProcess: a handle of another manager of this
 // process is a copy checked against that manager's record — never a
 // same-node route toward this very process.

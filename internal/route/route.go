@@ -60,7 +60,9 @@ type Route interface {
 }
 
 // Limit is what ends a request besides its completion: its context and
-// its deadline (the context's, or the manager's timeout).
+// its deadline (the context's, or the manager's timeout). A zero Deadline
+// reads as passed: a request that leaves them unset (copies in one
+// piece) must not look at its limit.
 type Limit struct {
 	Ctx             context.Context
 	Start, Deadline time.Time

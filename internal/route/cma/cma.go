@@ -134,17 +134,17 @@ func PID(name []byte) int {
 	if len(name) == 0 || len(name) > 10 {
 		return 0
 	}
-	pid := 0
+	var pid uint64 // ten digits overflow a 32-bit int
 	for _, c := range name {
 		if c < '0' || c > '9' {
 			return 0
 		}
-		pid = 10*pid + int(c-'0')
+		pid = 10*pid + uint64(c-'0')
 	}
 	if pid > math.MaxInt32 {
 		return 0
 	}
-	return pid
+	return int(pid)
 }
 
 // Peer is how errors name a process.

@@ -95,7 +95,7 @@ func TestNames(t *testing.T) {
 	assert.Zero(t, PID([]byte("-3")))
 	assert.Zero(t, PID([]byte("fi_shm://1")))
 	// Digits only: no sign, no blank, nothing longer than an int32.
-	for _, bad := range []string{"", "0", "+3", " 3", "3 ", "12345678901", "2147483648"} {
+	for _, bad := range []string{"", "0", "+3", " 3", "3 ", "12345678901", "2147483648", "4294967297", "9999999999"} {
 		assert.Zero(t, PID([]byte(bad)), "%q", bad)
 	}
 	assert.Equal(t, 4194304, PID([]byte("4194304")))
