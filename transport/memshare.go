@@ -630,13 +630,10 @@ func (l *memLink) close() {
 }
 
 // prepareMem checks a mem op against the owner's generation of the
-// buffer and takes the buffer's mapping for it (the owner checked the
-// handle's key, address and size when it shared the file).
-func (m *Manager) prepareMem(o *opSpec) error {
-	l, err := o.peer.memLink()
-	if err != nil {
-		return err
-	}
+// buffer and takes the buffer's mapping for it over l, the link route
+// found to the owner (the owner checked the handle's key, address and
+// size when it shared the file).
+func (m *Manager) prepareMem(o *opSpec, l *memLink) error {
 	g := o.ep.guard // matchesPeer bounded its slot
 	if l.gen(g.slot) != g.gen {
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, o.remote.id)

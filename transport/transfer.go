@@ -364,7 +364,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 				return err
 			}
 		case o.kind == route.Mem:
-			if err := m.prepareMem(o); err != nil {
+			if err := m.prepareMem(o, rt.link); err != nil {
 				return err
 			}
 		case b.Scratch != nil:
