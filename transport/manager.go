@@ -682,8 +682,9 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.down.Store(true)
 	m.mu.Unlock()
-	liveManagers.Delete(m.id)
-	liveCount.Add(-1)
+	if _, was := liveManagers.LoadAndDelete(m.id); was {
+		liveCount.Add(-1) // not for a New that failed before it counted m
+	}
 	if m.railsStop != nil {
 		close(m.railsStop)
 	}
