@@ -6,29 +6,47 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/mr"
 )
 
 // TestLiveCountFollowsLiveManagers: liveCount, which lets route skip the
-// lookup of another manager of this process, counts exactly the managers
-// liveManagers holds — also when Close runs for a manager that New never
-// counted (its failure paths close what they opened).
+// lookup of another manager of this process, counts the managers
+// liveManagers holds — also after Close ran for a manager that New never
+// counted (its failure paths close what they opened) — so that a handle
+// of another open manager is still served by a copy. (No test of this
+// package runs in parallel: the count is the process's.)
 func TestLiveCountFollowsLiveManagers(t *testing.T) {
 	count := func() int32 {
 		n := int32(0)
 		liveManagers.Range(func(any, any) bool { n++; return true })
 		return n
 	}
+	open := func() *Manager {
+		m, err := New(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
 	require.Equal(t, count(), liveCount.Load())
-	a, err := New(context.Background())
-	require.NoError(t, err)
-	b, err := New(context.Background())
-	require.NoError(t, err)
+	a, b := open(), open()
+	require.GreaterOrEqual(t, liveCount.Load(), int32(2))
 	assert.Equal(t, count(), liveCount.Load())
-	// As if New had failed for b after opening it: not yet counted.
+	// The state a New that failed after opening leaves: b neither stored
+	// nor counted, then closed.
 	liveManagers.Delete(b.id)
 	liveCount.Add(-1)
 	require.NoError(t, b.Close())
 	assert.Equal(t, count(), liveCount.Load(), "after closing a manager New never counted")
-	require.NoError(t, a.Close())
-	assert.Equal(t, count(), liveCount.Load())
+
+	mem, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mr.Free(mem) })
+	buf, err := a.Register(mem, mr.ReadWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = buf.Close() })
+	c := open()
+	rt, err := c.Route(buf.Remote())
+	require.NoError(t, err)
+	assert.Equal(t, "memcpy", rt.Backend, "a handle of another open manager of this process")
 }

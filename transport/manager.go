@@ -244,8 +244,8 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			return nil, err
 		}
 	}
+	liveCount.Add(1) // first: the count is never below the map's size
 	liveManagers.Store(m.id, m)
-	liveCount.Add(1)
 	return m, nil
 }
 
@@ -254,7 +254,8 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 // owner's own record, never by a same-node route toward this process.
 var liveManagers sync.Map
 
-// liveCount is how many managers liveManagers holds.
+// liveCount is at least how many managers liveManagers holds (exactly,
+// outside New and Close).
 var liveCount atomic.Int32
 
 // discover runs fi_getinfo with fitransfer's RMA hints; with
@@ -501,7 +502,9 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 	}
 	// Another manager of this process is looked for only when there is
 	// one: most processes have a single manager, and the map lookup was
-	// a sixteenth of an 8 B mem op.
+	// a sixteenth of an 8 B mem op. The count is loaded before m.down:
+	// Close sets down before it uncounts m, so a count without m always
+	// comes with down set, and m is never taken off twice.
 	others := liveCount.Load()
 	if !m.down.Load() {
 		others-- // m itself
