@@ -147,8 +147,10 @@ type Loop struct {
 	inbox []*Job
 	// queued: jobs are in the inbox (set under mu by Submit), so that a
 	// round with nothing submitted takes no lock.
-	queued      atomic.Bool
-	closing     bool
+	queued atomic.Bool
+	// closing: Close was called. Set under mu (Submit checks it there);
+	// the background goroutine loads it each round without the lock.
+	closing     atomic.Bool
 	beforeClose func()
 
 	drive   sync.Mutex    // held for every endpoint call and the state below
@@ -260,7 +262,7 @@ func (l *Loop) Submit(j *Job) error {
 		return ErrJobBusy
 	}
 	l.mu.Lock()
-	if l.closing {
+	if l.closing.Load() {
 		l.mu.Unlock()
 		j.busy.Store(false)
 		return ErrClosed
@@ -640,8 +642,7 @@ func (l *Loop) Do(fn func()) error {
 // endpoint and what it uses are then left to the goroutine stuck in it.
 func (l *Loop) Close(beforeEndpointClose func()) error {
 	l.mu.Lock()
-	already := l.closing
-	l.closing = true
+	already := l.closing.Swap(true)
 	l.beforeClose = beforeEndpointClose
 	l.mu.Unlock()
 	if !already {
@@ -693,10 +694,7 @@ func (l *Loop) run() {
 	yielded := monoNow()
 	quiet := true
 	for {
-		l.mu.Lock()
-		closing := l.closing
-		l.mu.Unlock()
-		if closing {
+		if l.closing.Load() {
 			l.drive.Lock()
 			l.shutdown()
 			l.drive.Unlock()
@@ -719,8 +717,17 @@ func (l *Loop) run() {
 			l.pause(max(l.policy.MaxSleep, time.Millisecond))
 			continue
 		}
-		l.drive.Lock()
-		now = monoNow()                                  // the lock may have been held a while
+		// The clock read above serves the round unless this goroutine
+		// paused or waited for the lock since: a second read each round
+		// was a tenth of a busy target's time.
+		fresh := !handOff
+		if !l.drive.TryLock() {
+			l.drive.Lock()
+			fresh = false
+		}
+		if !fresh {
+			now = monoNow()
+		}
 		if l.peerWake.Load() && l.peerWake.Swap(false) { // a load first: this runs every round
 			l.lastActive = now // Wake: spin, the peer's op may not be here yet
 		}
@@ -1301,7 +1308,7 @@ func (l *Loop) lookForPeers(now int64, worked bool) bool {
 // a submission, Close, a waiter driving, or a recent Poll.
 func (l *Loop) pending() bool {
 	l.mu.Lock()
-	pending := len(l.inbox) > 0 || l.closing
+	pending := len(l.inbox) > 0 || l.closing.Load()
 	l.mu.Unlock()
 	return pending || l.drivers.Load() > 0 || monoNow()-l.polled.Load() < int64(time.Millisecond)
 }
