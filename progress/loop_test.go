@@ -974,3 +974,28 @@ func TestParkedWaitCallersGetIn(t *testing.T) {
 		t.Fatal("Close waited for the parked wait")
 	}
 }
+
+// TestQuietSpinnersYieldTheCPU: a waiter spinning on a job and a loop
+// spinning after activity give their CPU to the OS scheduler once they
+// have seen nothing for quietAfter (yieldCPUIfQuiet), so that the thread
+// they wait for is not queued behind them on the same CPU.
+func TestQuietSpinnersYieldTheCPU(t *testing.T) {
+	// A waiter, with no background goroutine: only Wait spins.
+	l, f := testLoop(t, 4, false)
+	j := job(1, nil)
+	require.NoError(t, l.Submit(j))
+	before := cpuYields.Load()
+	done := make(chan error, 1)
+	go func() { done <- l.Wait(context.Background(), j) }()
+	require.Eventually(t, func() bool { return cpuYields.Load() > before }, 10*time.Second, time.Millisecond,
+		"a waiter spinning on an op that does not complete never yielded its CPU")
+	f.setAuto(true, nil)
+	require.NoError(t, <-done)
+	checkFinished(t, j)
+
+	// The background goroutine, spinning (busy policy) with nothing to do.
+	newLoopYields := cpuYields.Load()
+	testLoop(t, 4, true)
+	require.Eventually(t, func() bool { return cpuYields.Load() > newLoopYields }, 10*time.Second, time.Millisecond,
+		"a spinning loop with nothing to do never yielded its CPU")
+}
