@@ -210,6 +210,8 @@ type Loop struct {
 	remoteLooked int64
 	// waitLogged: monoNow of the last failed wait logged (waitFailed).
 	waitLogged int64
+
+	cpuYields atomic.Uint64 // yieldCPU's yields, for tests
 }
 
 // monoBase is the origin of monoNow.
@@ -337,9 +339,6 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		if l.drive.TryLock() {
 			worked = l.iterate(now)
 			l.drive.Unlock()
-			if worked {
-				last = now
-			}
 		}
 		// The next round's clock: read after a round that did something
 		// (it may have taken long), else every 8th. Rounds that find
@@ -350,6 +349,9 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		// if each had sat in libfabric for a good part of a second.
 		if worked || i&7 == 0 {
 			now = monoNow()
+		}
+		if worked {
+			last = now // after the round: a long one that worked is not quiet
 		}
 		select {
 		case <-j.done:
@@ -366,7 +368,11 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 				break
 			}
 			yieldIfDue(now, &yielded)
-			yieldCPUIfQuiet(now - last)
+			// Quiet by the endpoint's last activity, not only this
+			// waiter's rounds: another driver may be completing ops.
+			if now-max(last, l.activeAt.Load()) > int64(quietAfter) {
+				l.yieldCPU()
+			}
 		}
 	}
 	l.drivers.Add(-1)
@@ -644,8 +650,8 @@ func (l *Loop) Do(fn func()) error {
 // endpoint and what it uses are then left to the goroutine stuck in it.
 func (l *Loop) Close(beforeEndpointClose func()) error {
 	l.mu.Lock()
+	l.beforeClose = beforeEndpointClose // before closing: run may see it at once
 	already := l.closing.Swap(true)
-	l.beforeClose = beforeEndpointClose
 	l.mu.Unlock()
 	if !already {
 		l.kick()
@@ -765,8 +771,10 @@ func (l *Loop) run() {
 		}
 		if idleFor < l.policy.Spin {
 			yieldIfDue(now, &yielded)
-			if spins++; spins&63 == 0 {
-				yieldCPUIfQuiet(int64(idleFor))
+			// A target serving a peer's stream completes nothing of its
+			// own: its remote counter tells that it is not quiet.
+			if spins++; spins&63 == 0 && idleFor > quietAfter && !l.peersActive() {
+				l.yieldCPU()
 			}
 			continue
 		}
@@ -849,25 +857,20 @@ func yieldIfDue(now int64, yielded *int64) {
 	}
 }
 
-// yieldCPUIfQuiet gives the thread's CPU to the OS scheduler
-// (sched_yield) when a spinner has seen nothing for quietAfter: the
-// thread it waits for, a peer's or this process's, may be queued behind
-// it on the same CPU, where the scheduler would let it run only after a
-// slice of milliseconds (docs/PERFORMANCE.md). With nothing else to run
-// on that CPU the call returns at once. Spinners call it every 64 looks.
-func yieldCPUIfQuiet(quietFor int64) {
-	if quietFor > int64(quietAfter) {
-		_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		cpuYields.Add(1)
-	}
+// yieldCPU gives the thread's CPU to the OS scheduler (sched_yield); a
+// spinner calls it every 64 looks once it has seen nothing for
+// quietAfter. The thread it waits for, a peer's or this process's, may be
+// queued behind it on the same CPU, where the scheduler would let it run
+// only after a slice of milliseconds (docs/PERFORMANCE.md). With nothing
+// else to run on that CPU the call returns at once.
+func (l *Loop) yieldCPU() {
+	_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	l.cpuYields.Add(1)
 }
 
-// cpuYields counts yieldCPUIfQuiet's yields, for tests.
-var cpuYields atomic.Uint64
-
-// quietAfter: see yieldCPUIfQuiet. Longer than a small op takes while
-// both sides run (tcp's take about 20 µs here), so that a healthy stream
-// of ops never yields; 20 µs cut the first op's tail after an idle spell
+// quietAfter: see yieldCPU. Longer than a small op takes while both sides
+// run (tcp's take about 20 µs here), so that a healthy stream of ops, the
+// endpoint's own or peers' toward it, never yields; 20 µs cut the first op's tail after an idle spell
 // as well but doubled its median (docs/PERFORMANCE.md).
 const quietAfter = 100 * time.Microsecond
 

@@ -46,8 +46,11 @@ type fakePort struct {
 	traffic chan struct{} // a peer's op on this target: wakes a wait, completes nothing
 	remote  atomic.Uint64 // peers' RMA ops on this target (remoteOps)
 	counted bool          // hasRemoteOps
-	waits   atomic.Int64  // wait calls
-	reaps   atomic.Int64  // CQ reads, by reap or wait: rounds of progress
+	// peerStream: peers' ops reach the target between any two looks at
+	// its remote counter.
+	peerStream bool
+	waits      atomic.Int64 // wait calls
+	reaps      atomic.Int64 // CQ reads, by reap or wait: rounds of progress
 }
 
 func newFakePort() *fakePort {
@@ -140,7 +143,12 @@ func (f *fakePort) readErr() (fabric.CQError, bool, error) {
 
 func (f *fakePort) waitable() bool { return f.canWait }
 
-func (f *fakePort) remoteOps() uint64 { return f.remote.Load() }
+func (f *fakePort) remoteOps() uint64 {
+	if f.peerStream {
+		return f.remote.Add(1) // a peer's op came since every look
+	}
+	return f.remote.Load()
+}
 
 func (f *fakePort) hasRemoteOps() bool { return f.counted }
 
@@ -977,25 +985,36 @@ func TestParkedWaitCallersGetIn(t *testing.T) {
 
 // TestQuietSpinnersYieldTheCPU: a waiter spinning on a job and a loop
 // spinning after activity give their CPU to the OS scheduler once they
-// have seen nothing for quietAfter (yieldCPUIfQuiet), so that the thread
-// they wait for is not queued behind them on the same CPU.
+// have seen nothing for quietAfter (yieldCPU), so that the thread they
+// wait for is not queued behind them on the same CPU; a target whose
+// peers' ops keep coming does not.
 func TestQuietSpinnersYieldTheCPU(t *testing.T) {
 	// A waiter, with no background goroutine: only Wait spins.
 	l, f := testLoop(t, 4, false)
 	j := job(1, nil)
 	require.NoError(t, l.Submit(j))
-	before := cpuYields.Load()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // a failed check must not leave Wait spinning
 	done := make(chan error, 1)
-	go func() { done <- l.Wait(context.Background(), j) }()
-	require.Eventually(t, func() bool { return cpuYields.Load() > before }, 10*time.Second, time.Millisecond,
+	go func() { done <- l.Wait(ctx, j) }()
+	require.Eventually(t, func() bool { return l.cpuYields.Load() > 0 }, 10*time.Second, time.Millisecond,
 		"a waiter spinning on an op that does not complete never yielded its CPU")
 	f.setAuto(true, nil)
 	require.NoError(t, <-done)
 	checkFinished(t, j)
 
 	// The background goroutine, spinning (busy policy) with nothing to do.
-	newLoopYields := cpuYields.Load()
-	testLoop(t, 4, true)
-	require.Eventually(t, func() bool { return cpuYields.Load() > newLoopYields }, 10*time.Second, time.Millisecond,
+	idle, _ := testLoop(t, 4, true)
+	require.Eventually(t, func() bool { return idle.cpuYields.Load() > 0 }, 10*time.Second, time.Millisecond,
 		"a spinning loop with nothing to do never yielded its CPU")
+
+	// A target whose peers' ops keep coming (its remote counter moves
+	// between any two looks) is not quiet.
+	tg, g := testLoop(t, 4, false)
+	g.counted, g.peerStream, tg.counted = true, true, true
+	go tg.run()
+	t.Cleanup(func() { tg.Close(nil) })
+	require.Eventually(t, func() bool { return g.remote.Load() > 1000 }, 10*time.Second, time.Millisecond,
+		"the spinning target did not look at its remote counter")
+	assert.Zero(t, tg.cpuYields.Load(), "a target serving a stream of peers' ops yielded its CPU")
 }
