@@ -95,3 +95,6 @@ func LoopRounds(m *Manager) map[string]uint64 {
 	}
 	return out
 }
+
+// HotOps counts m's ops that took a handle's remembered mem route.
+func HotOps(m *Manager) uint64 { return m.hotOps.Load() }

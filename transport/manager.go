@@ -42,7 +42,8 @@ type Manager struct {
 	// (mem.Enabled), for the mem route and for the cma route's checks
 	// (entryCache), and share its own, whichever routes carry data.
 	linkOn   bool
-	memPeers memPeers // the peers that map this manager's buffers
+	memPeers memPeers      // the peers that map this manager's buffers
+	hotOps   atomic.Uint64 // ops that took a handle's remembered mem route (memFast)
 
 	railsOnce sync.Once
 	// railsActive counts requests over the rails; railsWake wakes
@@ -482,6 +483,10 @@ type routed struct {
 	owner *Manager      // the owning manager, when it is in this process
 	peer  *sameNodePeer // the verified owner process, on a same-node route
 	link  *memLink      // the mem route's link to it
+	// settled: a mem route the next op on the handle may take again
+	// without routing (keepHot): the handle agrees with what the owner
+	// told when verified, so routing it would not ask the owner again.
+	settled bool
 	// refused says why a same-node owner got no same-node route.
 	refused string
 	// gone is set when that is because the owner is gone.
@@ -585,6 +590,7 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 		case err != nil:
 		case memEP != nil && memErr == nil:
 			rt.kind, rt.ep, rt.peer, rt.link = route.Mem, memEP, peer, link
+			rt.settled = shmEP == nil || peer.shmName == nil || string(shmEP.name) == string(peer.shmName)
 			return rt, nil
 		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
 			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer

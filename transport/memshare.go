@@ -668,13 +668,12 @@ func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, 
 					last, lastAlive = o.link, o.link.alive()
 				}
 				if !lastAlive && !m.down.Load() {
-					e := peerGone(o.peer.pid)
-					e.Op, e.Provider = o.op, mem.Name
-					o.memErr = e
+					o.memErr = m.memGone(o.op, o.peer)
 				}
 			}
 			if o.memErr == nil {
-				o.memErr = m.memCopy(lim, o)
+				o.memErr = m.memCopy(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
+					o.mm.b[o.remote.off:o.remote.off+o.remote.n], o.link, o.ep.guard, o.peer, o.remote.id)
 			}
 			o.mm.unref()
 			o.mm = nil
@@ -695,9 +694,7 @@ func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, 
 				last, lastAlive = o.link, o.link.alive()
 			}
 			if !lastAlive && !m.down.Load() {
-				e := peerGone(o.peer.pid)
-				e.Op, e.Provider = o.op, mem.Name
-				err = e
+				err = m.memGone(o.op, o.peer)
 			}
 		}
 		if err != nil {
@@ -708,28 +705,49 @@ func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, 
 	return errs, failed
 }
 
-// memCopy is one mem op: marked in the use page while it copies, and only
-// while the owner has the buffer open and lives.
-func (m *Manager) memCopy(lim route.Limit, o *opSpec) error {
-	l, g := o.link, o.ep.guard
+// memOne is runMem for a request of one op, copying local to or from
+// remote, its range of the owner's buffer mapped (held for the op).
+func (m *Manager) memOne(lim route.Limit, op progress.Op, local, remote []byte, l *memLink, mm *memMap, g *guardRef, peer *sameNodePeer, id uint64) error {
+	var err error
+	if op == progress.Read && !l.alive() && !m.down.Load() {
+		err = m.memGone(op, peer) // as runMem: nothing copied from an owner already gone
+	}
+	if err == nil {
+		err = m.memCopy(lim, op, local, remote, l, g, peer, id)
+	}
+	mm.unref()
+	if err == nil && !l.alive() && !m.down.Load() {
+		err = m.memGone(op, peer)
+	}
+	return err
+}
+
+// memGone is the error of a mem op whose owner died.
+func (m *Manager) memGone(op progress.Op, peer *sameNodePeer) error {
+	e := peerGone(peer.pid)
+	e.Op, e.Provider = op, mem.Name
+	return e
+}
+
+// memCopy is one mem op on buffer id of peer over l: marked in the use
+// page while it copies, and only while the owner has the buffer open
+// (g's generation) and lives.
+func (m *Manager) memCopy(lim route.Limit, op progress.Op, local, remote []byte, l *memLink, g *guardRef, peer *sameNodePeer, id uint64) error {
 	l.uses.Mark(g.slot)
 	defer l.uses.Leave(g.slot)
-	owner := mem.Owner{PID: o.peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &o.peer.gone}
+	owner := mem.Owner{PID: peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &peer.gone}
 	err := owner.Open()
 	if err == nil {
-		local := o.local.st.mem[o.local.off : o.local.off+o.remote.n]
-		err = mem.Copy(lim, o.op, local, o.mm.b[o.remote.off:o.remote.off+o.remote.n], &owner)
+		err = mem.Copy(lim, op, local, remote, &owner)
 	}
 	switch {
 	case err == nil:
 	case errors.Is(err, mem.ErrGone) && m.down.Load():
-		return fmt.Errorf("%s over %s: %w", o.op, mem.Name, ErrClosed) // this manager ended its links
+		return fmt.Errorf("%s over %s: %w", op, mem.Name, ErrClosed) // this manager ended its links
 	case errors.Is(err, mem.ErrGone):
-		e := peerGone(o.peer.pid)
-		e.Op, e.Provider = o.op, mem.Name
-		return e
+		return m.memGone(op, peer)
 	case errors.Is(err, mem.ErrClosed):
-		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
+		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", op, ErrStaleHandle, id)
 	}
 	return err
 }

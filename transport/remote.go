@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/mr"
 )
@@ -40,6 +41,9 @@ type guardRef struct {
 	key   uint64 // the table's key
 	slot  uint32
 	gen   uint64
+	// hot: the mem route last found for the handle this entry is part
+	// of (its mem endpoint's only); shared by every copy of the handle.
+	hot atomic.Pointer[memHot]
 }
 
 // Len is the handle's length in bytes.

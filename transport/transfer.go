@@ -32,7 +32,11 @@ func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) e
 	if dst.Len() < src.Len() {
 		return fmt.Errorf("%w: reading %d bytes into a %d-byte buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
-	ops := [1]opSpec{{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src}}
+	local := view{dst.st, dst.off, src.Len()}
+	if done, err := m.memFast(ctx, "read", progress.Read, local, &src); done {
+		return err
+	}
+	ops := [1]opSpec{{op: progress.Read, local: local, remote: src}}
 	return m.run(ctx, "read", ops[:])
 }
 
@@ -47,7 +51,11 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	if src.Len() > dst.Len() {
 		return fmt.Errorf("%w: writing %d bytes into a %d-byte remote buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
-	ops := [1]opSpec{{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst}}
+	local := view{src.st, src.off, src.n}
+	if done, err := m.memFast(ctx, "write", progress.Write, local, &dst); done {
+		return err
+	}
+	ops := [1]opSpec{{op: progress.Write, local: local, remote: dst}}
 	return m.run(ctx, "write", ops[:])
 }
 
@@ -366,6 +374,9 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 		case o.kind == route.Mem:
 			if err := m.prepareMem(o, rt.link); err != nil {
 				return err
+			}
+			if rt.settled {
+				keepHot(m, o)
 			}
 		case b.Scratch != nil:
 			if ep.guard == nil {

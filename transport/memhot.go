@@ -1,0 +1,100 @@
+package transport
+
+import (
+	"context"
+
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// memHot is what routing found for a handle on the mem route: the
+// verified owner, the link to it and the buffer's mapping. It is kept in
+// the guard reference of the handle's mem endpoint, which every copy and
+// slice of the handle shares, so that the next ReadInto or WriteFrom on
+// the handle skips the owner, link and mapping lookups, which were most
+// of an 8 B op's time.
+// It is a hint, never a grant: each op checks again all that can change
+// (memFast).
+type memHot struct {
+	m    *Manager
+	peer *sameNodePeer
+	link *memLink
+	mm   *memMap // not held: an op takes it only while the link or another op holds it
+}
+
+// keepHot remembers o's route in its handle, when it is a new one: a
+// handle used over and over allocates nothing after its first op.
+func keepHot(m *Manager, o *opSpec) {
+	cur := o.ep.guard.hot.Load()
+	if cur != nil && cur.m == m && cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm {
+		return
+	}
+	o.ep.guard.hot.Store(&memHot{m: m, peer: o.peer, link: o.link, mm: o.mm})
+}
+
+// memFast runs a single op on the handle's remembered mem route, when the
+// handle has one for m that still holds; it reports false, having done
+// nothing, for anything else, and the op takes the full path, which finds
+// the route again or explains why there is none.
+func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, local view, r *RemoteBuffer) (bool, error) {
+	if len(r.eps) == 0 {
+		return false, nil
+	}
+	ep := &r.eps[0] // a mem endpoint comes first (Register)
+	if ep.guard == nil {
+		return false, nil
+	}
+	h := ep.guard.hot.Load()
+	if h == nil || h.m != m || local.st == nil || local.st.m != m || local.st.iface != mr.Host ||
+		!r.access.Allows(need(op)) || ctx.Err() != nil {
+		return false, nil
+	}
+	g, l, mm := ep.guard, h.link, h.mm
+	if h.peer.gone.Load() || h.peer.replaced.Load() || l.done.Load() || l.gen(g.slot) != g.gen {
+		return false, nil
+	}
+	if mm.gen != g.gen || uint64(len(mm.b)) != r.size || r.off > r.size || r.n > r.size-r.off ||
+		op == progress.Write && !mm.writable {
+		return false, nil
+	}
+	if m.acquire() != nil {
+		return false, nil
+	}
+	if local.st.ref() != nil {
+		m.releaseManager()
+		return false, nil
+	}
+	if !mm.tryRef() {
+		m.releaseManager()
+		local.st.Unref()
+		return false, nil
+	}
+	m.releaseManager()
+	m.hotOps.Add(1)
+	lim := route.Limit{Ctx: ctx}
+	if r.n > route.Piece { // as execute: a copy of one piece never looks at the clock
+		times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
+		lim.Start, lim.Deadline = times.get()
+	}
+	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, g, h.peer, r.id)
+	local.st.Unref()
+	if err == nil {
+		return true, nil
+	}
+	return true, &TransferError{Op: kind, Bytes: r.n, Ops: 1, Failed: 1, Errs: []error{err}}
+}
+
+// tryRef holds mm for an op unless its last holder let go of it (it is
+// unmapped then, or about to be).
+func (mm *memMap) tryRef() bool {
+	for {
+		n := mm.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if mm.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}

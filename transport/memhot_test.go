@@ -1,0 +1,141 @@
+package transport_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// TestRememberedMemRoute: once a handle's ops take its remembered mem
+// route (transport.HotOps counts them), every change the full route
+// would meet is met there too, with the same error class, and a slice of
+// the handle reads and writes its own bytes.
+func TestRememberedMemRoute(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	const n = 4096
+	type env struct {
+		m     *transport.Manager
+		peer  *testpeer.Peer
+		local *transport.Buffer
+		h     transport.RemoteBuffer
+	}
+	for _, tt := range []struct {
+		name   string
+		access mr.Access
+		// change happens between the ops that took the memo and the one
+		// checked, which it returns (with its context).
+		change func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool)
+		check  func(t *testing.T, e *env, err error)
+	}{
+		{"a slice reads its own bytes", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				s, err := e.h.Slice(100, 200)
+				require.NoError(t, err)
+				return context.Background(), s, true
+			},
+			func(t *testing.T, e *env, err error) {
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(testpeer.Pattern(n, 1)[100:300], e.local.Bytes()[:200]), "the slice read other bytes")
+			}},
+		{"a slice writes its own bytes", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				s, err := e.h.Slice(1000, 24)
+				require.NoError(t, err)
+				testpeer.Fill(e.local.Bytes(), 9)
+				return context.Background(), s, false
+			},
+			func(t *testing.T, e *env, err error) {
+				require.NoError(t, err)
+				want := testpeer.Pattern(n, 1)
+				copy(want[1000:1024], testpeer.Pattern(24, 9))
+				require.Equal(t, want, e.peer.Get(0, 0, n))
+			}},
+		{"the owner closed the buffer", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				e.peer.CloseBuf(0)
+				return context.Background(), e.h, true
+			},
+			func(t *testing.T, e *env, err error) { require.ErrorIs(t, err, transport.ErrStaleHandle) }},
+		{"the owner registered another buffer in its place", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				e.peer.CloseBuf(0)
+				e.peer.Register(n, mr.ReadWrite, 2)
+				return context.Background(), e.h, false
+			},
+			func(t *testing.T, e *env, err error) {
+				require.ErrorIs(t, err, transport.ErrStaleHandle)
+				require.Equal(t, testpeer.Pattern(n, 2), e.peer.Get(1, 0, n), "the old handle wrote into the new buffer")
+			}},
+		{"the owner exited", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				e.peer.Kill()
+				return context.Background(), e.h, true
+			},
+			func(t *testing.T, e *env, err error) {
+				var gone *progress.PeerGoneError
+				require.ErrorAs(t, err, &gone)
+			}},
+		{"the local buffer was closed", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				require.NoError(t, e.local.Close())
+				return context.Background(), e.h, true
+			},
+			func(t *testing.T, e *env, err error) { require.ErrorIs(t, err, transport.ErrBufferClosed) }},
+		{"the manager was closed", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				require.NoError(t, e.m.Close())
+				return context.Background(), e.h, true
+			},
+			func(t *testing.T, e *env, err error) { require.ErrorIs(t, err, transport.ErrClosed) }},
+		{"the context is done", mr.ReadWrite,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx, e.h, true
+			},
+			func(t *testing.T, e *env, err error) {
+				var te *progress.TimeoutError
+				require.ErrorAs(t, err, &te)
+				require.True(t, te.NotStarted)
+			}},
+		{"a write with a handle that grants reading", mr.RemoteRead,
+			func(t *testing.T, e *env) (context.Context, transport.RemoteBuffer, bool) {
+				return context.Background(), e.h, false
+			},
+			func(t *testing.T, e *env, err error) {
+				require.ErrorIs(t, err, transport.ErrAccessDenied)
+				require.Equal(t, testpeer.Pattern(n, 1), e.peer.Get(0, 0, n))
+			}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := &env{m: newManager(t, transport.WithProviders(testenv.RouteMem)), peer: testpeer.Start(t, testenv.RouteMem)}
+			e.h = e.peer.Register(n, tt.access, 1)
+			e.local = register(t, e.m, alloc(t, n), 0)
+			ctx := ctxTimeout(t, time.Minute)
+			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h)) // finds the route
+			before := transport.HotOps(e.m)
+			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h))
+			require.Equal(t, before+1, transport.HotOps(e.m), "the second read did not take the remembered route")
+			clear(e.local.Bytes())
+			opCtx, h, read := tt.change(t, e)
+			var err error
+			if read {
+				err = e.m.ReadInto(opCtx, e.local, h)
+			} else {
+				src, serr := e.local.Slice(0, min(h.Len(), e.local.Len()))
+				require.NoError(t, serr)
+				err = e.m.WriteFrom(opCtx, h, src)
+			}
+			tt.check(t, e, err)
+		})
+	}
+}
