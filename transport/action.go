@@ -48,6 +48,7 @@ func (a *Action) WriteFrom(dst RemoteBuffer, src *Buffer) *Action {
 	case src.Len() > dst.Len():
 		a.fail(fmt.Errorf("%w: op %d writes %d bytes into a %d-byte remote buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
 	default:
+		dst.n = src.n // the first src.Len() bytes: the op's length is its remote view's
 		a.ops = append(a.ops, opSpec{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst})
 	}
 	return a

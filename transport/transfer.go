@@ -51,6 +51,7 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	if src.Len() > dst.Len() {
 		return fmt.Errorf("%w: writing %d bytes into a %d-byte remote buffer", ErrTooSmall, src.Len(), dst.Len())
 	}
+	dst.n = src.n // the first src.Len() bytes: the op's length is its remote view's
 	local := view{src.st, src.off, src.n}
 	if done, err := m.memFast(ctx, "write", progress.Write, local, &dst); done {
 		return err

@@ -390,6 +390,44 @@ func TestWriteIsVisibleAtReturn(t *testing.T) {
 	}
 }
 
+// TestWriteFromShortSource: a source shorter than the remote buffer
+// writes its own bytes into the first src.Len() bytes of the remote one
+// and nothing after them, alone and in an Action, also when the source is
+// the end of its buffer.
+func TestWriteFromShortSource(t *testing.T) {
+	const n = 4096
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			testenv.RequireRoute(t, prov)
+			m := newManager(t, transport.WithProviders(prov))
+			peer := testpeer.Start(t, prov)
+			mem := alloc(t, n)
+			local := register(t, m, mem, 0)
+			ctx := ctxTimeout(t, time.Minute)
+			for i, off := range []uint64{0, n - 8, n - 100} {
+				for _, action := range []bool{false, true} {
+					seed := uint64(10 + 2*i)
+					if action {
+						seed++
+					}
+					remote := peer.Register(n, mr.ReadWrite, seed)
+					testpeer.Fill(mem, seed+100)
+					src, err := local.Slice(off, n-off)
+					require.NoError(t, err)
+					if action {
+						require.NoError(t, m.NewAction().WriteFrom(remote, src).Submit(ctx))
+					} else {
+						require.NoError(t, m.WriteFrom(ctx, remote, src))
+					}
+					want := testpeer.Pattern(n, seed)
+					copy(want, mem[off:])
+					require.Equal(t, want, peer.Get(int(seed-10), 0, n), "source [%d, %d), action %v", off, n, action)
+				}
+			}
+		})
+	}
+}
+
 // TestCloseWaitsForOpsInFlight: a transfer that ended by its context can
 // leave ops with the provider, which still use the local memory. Close
 // must not return nil (the caller then frees the memory) until they are
