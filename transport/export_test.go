@@ -96,5 +96,15 @@ func LoopRounds(m *Manager) map[string]uint64 {
 	return out
 }
 
-// HotOps counts m's ops that took a handle's remembered mem route.
-func HotOps(m *Manager) uint64 { return m.hotOps.Load() }
+// MemoOps counts the ops that took h's remembered mem route (memFast), or
+// -1 when h remembers none.
+func MemoOps(h RemoteBuffer) int64 {
+	if len(h.eps) == 0 || h.eps[0].guard == nil {
+		return -1
+	}
+	mo := h.eps[0].guard.memo.Load()
+	if mo == nil {
+		return -1
+	}
+	return int64(mo.taken.Load())
+}

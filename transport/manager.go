@@ -42,8 +42,7 @@ type Manager struct {
 	// (mem.Enabled), for the mem route and for the cma route's checks
 	// (entryCache), and share its own, whichever routes carry data.
 	linkOn   bool
-	memPeers memPeers      // the peers that map this manager's buffers
-	hotOps   atomic.Uint64 // ops that took a handle's remembered mem route (memFast)
+	memPeers memPeers // the peers that map this manager's buffers
 
 	railsOnce sync.Once
 	// railsActive counts requests over the rails; railsWake wakes
@@ -484,7 +483,7 @@ type routed struct {
 	peer  *sameNodePeer // the verified owner process, on a same-node route
 	link  *memLink      // the mem route's link to it
 	// settled: a mem route the next op on the handle may take again
-	// without routing (keepHot): the handle agrees with what the owner
+	// without routing (keepMemo): the handle agrees with what the owner
 	// told when verified, so routing it would not ask the owner again.
 	settled bool
 	// refused says why a same-node owner got no same-node route.

@@ -378,18 +378,28 @@ func (mm *memMap) unref() {
 // is none and the last attempt is older than memRedial.
 func (p *sameNodePeer) memLink() (*memLink, error) {
 	p.memMu.Lock()
-	defer p.memMu.Unlock()
 	switch {
 	case p.memDone:
+		p.memMu.Unlock()
 		return nil, peerGone(p.pid)
 	case p.link != nil && !p.link.done.Load():
-		return p.link, nil
+		l := p.link
+		p.memMu.Unlock()
+		return l, nil
 	case p.linkErr != nil && time.Since(p.linkAt) < memRedial:
-		return nil, p.linkErr
+		err := p.linkErr
+		p.memMu.Unlock()
+		return nil, err
 	}
+	old := p.link
 	p.link, p.linkErr = dialMem(p)
 	p.linkAt = time.Now()
-	return p.link, p.linkErr
+	l, err := p.link, p.linkErr
+	p.memMu.Unlock()
+	if old != nil {
+		old.close() // done already; its mappings go with it now (ops using one keep it until they end), as closeMem's
+	}
+	return l, err
 }
 
 // dialMem opens the mem connection to p, checks that the kernel says it
@@ -735,6 +745,16 @@ func (m *Manager) memGone(op progress.Op, peer *sameNodePeer) error {
 func (m *Manager) memCopy(lim route.Limit, op progress.Op, local, remote []byte, l *memLink, g *guardRef, peer *sameNodePeer, id uint64) error {
 	l.uses.Mark(g.slot)
 	defer l.uses.Leave(g.slot)
+	if l.done.Load() {
+		// The link may have ended before the mark, and the owner then no
+		// longer counts this page: its Close would not wait for the copy.
+		// A link is done before its connection closes, so a mark made
+		// while it was not is seen.
+		if m.down.Load() {
+			return fmt.Errorf("%s over %s: %w", op, mem.Name, ErrClosed)
+		}
+		return m.memGone(op, peer) // its manager closed, or the connection it was verified over ended
+	}
 	owner := mem.Owner{PID: peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &peer.gone}
 	err := owner.Open()
 	if err == nil {

@@ -32,18 +32,19 @@ type remoteEP struct {
 	name     []byte // owner endpoint name (fi_getname)
 	key      uint64
 	base     uint64    // remote address of byte 0 of the registration
-	guard    *guardRef // shm only: where the owner publishes the buffer's state
+	guard    *guardRef // shm, cma, mem: where the owner publishes the buffer's state
 }
 
-// guardRef locates a buffer's entry in its owner's guard table (shm).
+// guardRef locates a buffer's entry in its owner's guard table: what
+// shm, cma and mem ops check before they touch the buffer.
 type guardRef struct {
 	table uint64 // remote address of the table
 	key   uint64 // the table's key
 	slot  uint32
 	gen   uint64
-	// hot: the mem route last found for the handle this entry is part
-	// of (its mem endpoint's only); shared by every copy of the handle.
-	hot atomic.Pointer[memHot]
+	// memo: on a mem endpoint, the route its last op found; shared by
+	// every copy and slice of the handle, and never sent with it.
+	memo atomic.Pointer[memMemo]
 }
 
 // Len is the handle's length in bytes.

@@ -377,7 +377,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 				return err
 			}
 			if rt.settled {
-				keepHot(m, o)
+				keepMemo(m, o)
 			}
 		case b.Scratch != nil:
 			if ep.guard == nil {

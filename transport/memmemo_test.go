@@ -3,6 +3,7 @@ package transport_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 )
 
 // TestRememberedMemRoute: once a handle's ops take its remembered mem
-// route (transport.HotOps counts them), every change the full route
+// route (transport.MemoOps counts them), every change the full route
 // would meet is met there too, with the same error class, and a slice of
 // the handle reads and writes its own bytes.
 func TestRememberedMemRoute(t *testing.T) {
@@ -122,9 +123,9 @@ func TestRememberedMemRoute(t *testing.T) {
 			e.local = register(t, e.m, alloc(t, n), 0)
 			ctx := ctxTimeout(t, time.Minute)
 			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h)) // finds the route
-			before := transport.HotOps(e.m)
+			require.Equal(t, int64(0), transport.MemoOps(e.h), "the first read left no memo")
 			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h))
-			require.Equal(t, before+1, transport.HotOps(e.m), "the second read did not take the remembered route")
+			require.Equal(t, int64(1), transport.MemoOps(e.h), "the second read did not take the remembered route")
 			clear(e.local.Bytes())
 			opCtx, h, read := tt.change(t, e)
 			var err error
@@ -137,5 +138,48 @@ func TestRememberedMemRoute(t *testing.T) {
 			}
 			tt.check(t, e, err)
 		})
+	}
+}
+
+// TestMemoOfTwoManagers: two managers of one process taking turns on one
+// handle both read its bytes; the first keeps the handle's memo, and the
+// turns allocate nothing once warm.
+func TestMemoOfTwoManagers(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	const n = 64
+	peer := testpeer.Start(t, testenv.RouteMem)
+	h := peer.Register(n, mr.ReadWrite, 3)
+	want := testpeer.Pattern(n, 3)
+	var ms [2]*transport.Manager
+	var bufs [2]*transport.Buffer
+	for i := range ms {
+		ms[i] = newManager(t, transport.WithProviders(testenv.RouteMem))
+		bufs[i] = register(t, ms[i], alloc(t, n), 0)
+	}
+	ctx := context.Background()
+	var failed error
+	turns := func() {
+		for i := range ms {
+			clear(bufs[i].Bytes())
+			if err := ms[i].ReadInto(ctx, bufs[i], h); err != nil && failed == nil {
+				failed = err
+			}
+			if !bytes.Equal(want, bufs[i].Bytes()) && failed == nil {
+				failed = fmt.Errorf("manager %d read other bytes", i)
+			}
+		}
+	}
+	for range 10 {
+		turns()
+	}
+	require.NoError(t, failed)
+	before := transport.MemoOps(h)
+	require.GreaterOrEqual(t, before, int64(9), "the first manager does not keep the memo")
+	const runs = 200
+	allocs := testing.AllocsPerRun(runs, turns)
+	require.NoError(t, failed)
+	require.Equal(t, before+runs+1, transport.MemoOps(h), "the second manager's turns replaced the first's memo")
+	if !testenv.RaceEnabled { // the race detector allocates for its own bookkeeping
+		require.Zero(t, allocs, "allocations per pair of turns")
 	}
 }

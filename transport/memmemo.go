@@ -2,35 +2,48 @@ package transport
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
-// memHot is what routing found for a handle on the mem route: the
+// memMemo is what routing found for a handle on the mem route: the
 // verified owner, the link to it and the buffer's mapping. It is kept in
 // the guard reference of the handle's mem endpoint, which every copy and
 // slice of the handle shares, so that the next ReadInto or WriteFrom on
 // the handle skips the owner, link and mapping lookups, which were most
-// of an 8 B op's time.
-// It is a hint, never a grant: each op checks again all that can change
-// (memFast).
-type memHot struct {
-	m    *Manager
-	peer *sameNodePeer
-	link *memLink
-	mm   *memMap // not held: an op takes it only while the link or another op holds it
+// of an 8 B op's time. It is a hint, never a grant: each op checks again
+// all that can change (memFast).
+type memMemo struct {
+	m     *Manager
+	peer  *sameNodePeer
+	link  *memLink
+	mm    *memMap       // not held: an op takes it only while the link or another op holds it
+	taken atomic.Uint64 // ops that took it (tests)
 }
 
-// keepHot remembers o's route in its handle, when it is a new one: a
-// handle used over and over allocates nothing after its first op.
-func keepHot(m *Manager, o *opSpec) {
-	cur := o.ep.guard.hot.Load()
-	if cur != nil && cur.m == m && cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm {
+// usable reports whether the memo may still serve its manager's ops.
+func (mo *memMemo) usable() bool {
+	return !mo.m.down.Load() && !mo.peer.gone.Load() && !mo.peer.replaced.Load() && !mo.link.done.Load() && mo.mm.refs.Load() > 0
+}
+
+// keepMemo remembers o's route in its handle when it is new. It leaves
+// another manager's memo that still serves: managers of one process
+// taking turns on a handle would otherwise replace it, and allocate, on
+// every op.
+func keepMemo(m *Manager, o *opSpec) {
+	cur := o.ep.guard.memo.Load()
+	switch {
+	case cur == nil:
+	case cur.m == m && cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm:
+		return
+	case cur.m != m && cur.usable():
 		return
 	}
-	o.ep.guard.hot.Store(&memHot{m: m, peer: o.peer, link: o.link, mm: o.mm})
+	o.ep.guard.memo.Store(&memMemo{m: m, peer: o.peer, link: o.link, mm: o.mm})
 }
 
 // memFast runs a single op on the handle's remembered mem route, when the
@@ -41,11 +54,11 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 	if len(r.eps) == 0 {
 		return false, nil
 	}
-	ep := &r.eps[0] // a mem endpoint comes first (Register)
-	if ep.guard == nil {
+	ep := &r.eps[0] // where Register puts a mem endpoint; a handle ordered otherwise takes the full path
+	if ep.guard == nil || ep.provider != mem.Name {
 		return false, nil
 	}
-	h := ep.guard.hot.Load()
+	h := ep.guard.memo.Load()
 	if h == nil || h.m != m || local.st == nil || local.st.m != m || local.st.iface != mr.Host ||
 		!r.access.Allows(need(op)) || ctx.Err() != nil {
 		return false, nil
@@ -71,7 +84,7 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil
 	}
 	m.releaseManager()
-	m.hotOps.Add(1)
+	h.taken.Add(1)
 	lim := route.Limit{Ctx: ctx}
 	if r.n > route.Piece { // as execute: a copy of one piece never looks at the clock
 		times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
