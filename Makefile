@@ -70,7 +70,7 @@ test: deps vet
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^(TestSoak|TestChurn)$$' ./test
 	# Allocation counts, which the race detector's own allocations hide.
-	$(GO) test -count=1 -run '^(TestNoAllocsPerOp|TestGoneAllocatesLittle)$$' ./transport ./internal/proc
+	$(GO) test -count=1 -run '^(TestNoAllocsPerOp|TestGoneAllocatesLittle|TestMemoOfTwoManagers)$$' ./transport ./internal/proc
 	$(GO) test -count=1 -run '^TestRails$$/^allocs$$' ./test
 
 demo: build
