@@ -94,8 +94,11 @@ func runInLab(t *testing.T, spec string) {
 	// TestMain kept tcp to loopback; the lab's hosts talk over their
 	// rails (peers started from here inherit this).
 	require.NoError(t, os.Unsetenv(testenv.TCPIfaceEnv))
-	newCase := func(t *testing.T) *railCase {
-		m, err := transport.New(context.Background(), transport.WithProviders("tcp"), transport.WithTimeout(railTimeout))
+	newCase := func(t *testing.T, providers ...string) *railCase {
+		if providers == nil {
+			providers = []string{"tcp"}
+		}
+		m, err := transport.New(context.Background(), transport.WithProviders(providers...), transport.WithTimeout(railTimeout))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		require.Len(t, m.Rails(), n, "%s names %d rails", transport.RailsEnv, n)
@@ -264,7 +267,7 @@ func runInLab(t *testing.T, spec string) {
 			"VIOLATION: the owner's bytes changed after the newer write returned nil (the cut rail's queued data arrived late)")
 	})
 	t.Run("cut-all", func(t *testing.T) {
-		c := newCase(t)
+		c := newCase(t, "tcp", testenv.RouteCMA) // cma for the same-node read at the end
 		w := c.newWorker(t, 1, 256<<20)
 		local, err := c.m.Register(w.local, 0)
 		require.NoError(t, err)
@@ -292,6 +295,19 @@ func runInLab(t *testing.T, spec string) {
 		case <-time.After(railTimeout + 5*time.Second):
 			t.Fatalf("no error %v after every rail was cut (timeout %v)", time.Since(start), railTimeout)
 		}
+		// With every rail down, a long op toward a process of this
+		// node takes its same-node route as before.
+		near := testpeer.Start(t, testenv.RouteCMA)
+		const n = 4 << 20
+		h := near.Register(n, mr.ReadWrite, 5)
+		mem, err := mr.Alloc(n)
+		require.NoError(t, err)
+		defer func() { _ = mr.Free(mem) }()
+		nearLocal, err := c.m.Register(mem, 0)
+		require.NoError(t, err)
+		defer nearLocal.Close()
+		require.NoError(t, c.m.ReadInto(context.Background(), nearLocal, h), "a same-node read with every rail down")
+		require.Equal(t, testpeer.Pattern(n, 5), mem)
 	})
 }
 

@@ -389,13 +389,20 @@ func (m *Manager) runRails(ctx context.Context, kind string, ops []opSpec) error
 	}
 	bs := m.backends()
 	var pieces []piece
+	overRails := false
 	for i := range ops {
 		rt, err := m.route(&ops[i].remote, 1)
 		if err != nil || rt.kind != route.Fabric || rt.b.Provider != bs.remote.Provider {
 			pieces = append(pieces, piece{spec: i, n: ops[i].remote.n, rail: -1})
 			continue
 		}
+		overRails = true
 		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n)
+	}
+	if !overRails {
+		// Same-node or other routes only: whether the rails are up is
+		// not this request's business.
+		return m.execute(ctx, kind, ops)
 	}
 	for round := 0; ; round++ {
 		if m.railsUp() == 0 {
