@@ -109,10 +109,15 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		var elapsed time.Duration
 		done := 0
 		var runErr error
+		// One clock read a round trip, at its end, which is the next
+		// one's start: the round trips then add up to the loop's whole
+		// time, as fabtests' total over its iterations does. A read
+		// before the write and another after the wait left out the
+		// time between them, one clock read and the loop's own work.
+		prev := time.Now()
 		for i := 1; i <= total; i++ {
 			mark := Marker(i)
 			send.Bytes()[size-1] = mark
-			t0 := time.Now()
 			if err := cfg.Manager.WriteFrom(ctx, dst, send); err != nil {
 				runErr = err
 				break
@@ -121,15 +126,18 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
 				break
 			}
+			now := time.Now()
 			if i > cfg.Warmup {
-				d := time.Since(t0)
+				d := now.Sub(prev)
 				elapsed += d
 				lat = append(lat, d/2)
 				done++
 				if cfg.Progress != nil && done%64 == 0 {
 					cfg.Progress(size, done, iters)
+					now = time.Now() // the report is not the next round trip's
 				}
 			}
+			prev = now
 		}
 		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
 		row.Peer = s.Route.Peer
