@@ -96,15 +96,20 @@ func LoopRounds(m *Manager) map[string]uint64 {
 	return out
 }
 
-// MemoOps counts the ops that took h's remembered mem route (memFast), or
-// -1 when h remembers none.
+// MemoOps counts the ops that took h's remembered mem routes (memFast),
+// or -1 when h remembers none.
 func MemoOps(h RemoteBuffer) int64 {
 	if len(h.eps) == 0 || h.eps[0].guard == nil {
 		return -1
 	}
-	mo := h.eps[0].guard.memo.Load()
-	if mo == nil {
+	n, any := int64(0), false
+	for i := range h.eps[0].guard.memo {
+		if mo := h.eps[0].guard.memo[i].Load(); mo != nil {
+			n, any = n+int64(mo.taken.Load()), true
+		}
+	}
+	if !any {
 		return -1
 	}
-	return int64(mo.taken.Load())
+	return n
 }

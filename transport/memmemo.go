@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/internal/route"
@@ -30,20 +31,33 @@ func (mo *memMemo) usable() bool {
 	return !mo.m.down.Load() && !mo.peer.gone.Load() && !mo.peer.replaced.Load() && !mo.link.done.Load() && mo.mm.refs.Load() > 0
 }
 
-// keepMemo remembers o's route in its handle when it is new. It leaves
-// another manager's memo that still serves: managers of one process
-// taking turns on a handle would otherwise replace it, and allocate, on
-// every op.
+// keepMemo remembers o's route in its handle when it is new: in the slot
+// of o's manager, else in a free one, else in one whose memo no longer
+// serves, else in the last. Two managers of one process taking turns on a
+// handle keep a memo each and allocate nothing; a third takes the last
+// slot, in turn with the second.
 func keepMemo(m *Manager, o *opSpec) {
-	cur := o.ep.guard.memo.Load()
-	switch {
-	case cur == nil:
-	case cur.m == m && cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm:
-		return
-	case cur.m != m && cur.usable():
-		return
+	slots := &o.ep.guard.memo
+	at := -1
+	for i := range slots {
+		cur := slots[i].Load()
+		switch {
+		case cur != nil && cur.m == m:
+			if cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm {
+				return
+			}
+			at = i
+		case at < 0 && (cur == nil || !cur.usable()):
+			at = i
+		}
+		if cur != nil && cur.m == m {
+			break
+		}
 	}
-	o.ep.guard.memo.Store(&memMemo{m: m, peer: o.peer, link: o.link, mm: o.mm})
+	if at < 0 {
+		at = len(slots) - 1
+	}
+	slots[at].Store(&memMemo{m: m, peer: o.peer, link: o.link, mm: o.mm})
 }
 
 // memFast runs a single op on the handle's remembered mem route, when the
@@ -58,8 +72,14 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 	if ep.guard == nil || ep.provider != mem.Name {
 		return false, nil
 	}
-	h := ep.guard.memo.Load()
-	if h == nil || h.m != m || local.st == nil || local.st.m != m || local.st.iface != mr.Host ||
+	var h *memMemo
+	for i := range ep.guard.memo {
+		if mo := ep.guard.memo[i].Load(); mo != nil && mo.m == m {
+			h = mo
+			break
+		}
+	}
+	if h == nil || local.st == nil || local.st.m != m || local.st.iface != mr.Host ||
 		!r.access.Allows(need(op)) || ctx.Err() != nil {
 		return false, nil
 	}
@@ -92,8 +112,11 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 	}
 	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, g, h.peer, r.id)
 	local.st.Unref()
-	if err == nil {
+	switch {
+	case err == nil:
 		return true, nil
+	case linkEnded(err):
+		return false, nil // nothing moved: the full path dials again
 	}
 	return true, &TransferError{Op: kind, Bytes: r.n, Ops: 1, Failed: 1, Errs: []error{err}}
 }
@@ -110,4 +133,11 @@ func (mm *memMap) tryRef() bool {
 			return true
 		}
 	}
+}
+
+// linkEnded reports whether err is a memLinkEnded: a function of its own,
+// so that the target errors.As needs is allocated only for an error.
+func linkEnded(err error) bool {
+	var ended *memLinkEnded
+	return errors.As(err, &ended)
 }

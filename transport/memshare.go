@@ -739,6 +739,15 @@ func (m *Manager) memGone(op progress.Op, peer *sameNodePeer) error {
 	return e
 }
 
+// memLinkEnded is a mem op that found its link ended between its checks
+// and its mark, by another op's failed request while the owner lived:
+// nothing moved, and the next op dials again.
+type memLinkEnded struct{ pid int }
+
+func (e *memLinkEnded) Error() string {
+	return fmt.Sprintf("the link to process %d ended before the copy began (nothing moved); a new op dials again", e.pid)
+}
+
 // memCopy is one mem op on buffer id of peer over l: marked in the use
 // page while it copies, and only while the owner has the buffer open
 // (g's generation) and lives.
@@ -750,10 +759,15 @@ func (m *Manager) memCopy(lim route.Limit, op progress.Op, local, remote []byte,
 		// longer counts this page: its Close would not wait for the copy.
 		// A link is done before its connection closes, so a mark made
 		// while it was not is seen.
-		if m.down.Load() {
+		switch {
+		case m.down.Load():
 			return fmt.Errorf("%s over %s: %w", op, mem.Name, ErrClosed)
+		case peer.gone.Load() || !l.alive():
+			return m.memGone(op, peer)
 		}
-		return m.memGone(op, peer) // its manager closed, or the connection it was verified over ended
+		// Another op's request on the link failed: the owner lives, and
+		// the next op dials again.
+		return fmt.Errorf("%s over %s: %w", op, mem.Name, &memLinkEnded{pid: peer.pid})
 	}
 	owner := mem.Owner{PID: peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &peer.gone}
 	err := owner.Open()

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"net"
 	"os"
 	"testing"
@@ -9,8 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // TestMemLinkEndsOutOfStep: an owner that answers a map request after the
@@ -89,4 +92,53 @@ func TestMemWaitWhilePeerLeaves(t *testing.T) {
 	a.uses.Leave(slot)
 	require.Empty(t, <-done)
 	ps.close()
+}
+
+// TestMemCopyAfterLinkEnded: a copy whose link ended before its use mark
+// moves nothing and leaves its mark, failing by why the link ended: this
+// manager closes (ErrClosed), the owner is gone (PeerGoneError), or else
+// another op's request failed while the owner lives, which is not the
+// owner's death.
+func TestMemCopyAfterLinkEnded(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		done, down    bool
+		gone          bool
+		closed, ended bool // the error wraps ErrClosed; it is a memLinkEnded
+	}{
+		{name: "link up"},
+		{name: "another op's request failed", done: true, ended: true},
+		{name: "the owner is gone", done: true, gone: true},
+		{name: "this manager closes", done: true, down: true, closed: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			peer := &sameNodePeer{pid: os.Getpid()}
+			peer.gone.Store(tt.gone)
+			g := &guardRef{slot: 3, gen: 5}
+			l := &memLink{owner: peer, pidfd: -1, gens: make([]uint64, 8), uses: make(mem.Uses, 8)}
+			l.gens[g.slot] = g.gen
+			l.done.Store(tt.done)
+			m := &Manager{}
+			m.down.Store(tt.down)
+			local, remote := make([]byte, 8), []byte("12345678")
+			err := m.memCopy(route.Limit{}, progress.Read, local, remote, l, g, peer, 1)
+			require.False(t, l.uses.InUse(g.slot), "the copy left its mark")
+			var ended *memLinkEnded
+			var gone *progress.PeerGoneError
+			switch {
+			case !tt.done:
+				require.NoError(t, err)
+				require.Equal(t, remote, local)
+				return
+			case tt.closed:
+				require.ErrorIs(t, err, ErrClosed)
+			case tt.ended:
+				require.ErrorAs(t, err, &ended)
+				require.False(t, errors.As(err, &gone), "a live owner reported gone: %v", err)
+			default:
+				require.ErrorAs(t, err, &gone)
+			}
+			require.Equal(t, make([]byte, 8), local, "a copy moved bytes over an ended link")
+		})
+	}
 }

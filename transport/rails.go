@@ -389,17 +389,19 @@ func (m *Manager) runRails(ctx context.Context, kind string, ops []opSpec) error
 	}
 	bs := m.backends()
 	var pieces []piece
-	overRails := false
+	railOp := -1 // the first op over the rails: what probes read
 	for i := range ops {
 		rt, err := m.route(&ops[i].remote, 1)
 		if err != nil || rt.kind != route.Fabric || rt.b.Provider != bs.remote.Provider {
 			pieces = append(pieces, piece{spec: i, n: ops[i].remote.n, rail: -1})
 			continue
 		}
-		overRails = true
+		if railOp < 0 {
+			railOp = i
+		}
 		pieces = m.split(pieces, i, &ops[i], 0, ops[i].remote.n)
 	}
-	if !overRails {
+	if railOp < 0 {
 		// Same-node or other routes only: whether the rails are up is
 		// not this request's business.
 		return m.execute(ctx, kind, ops)
@@ -408,7 +410,7 @@ func (m *Manager) runRails(ctx context.Context, kind string, ops []opSpec) error
 		if m.railsUp() == 0 {
 			for r := range bs.rails {
 				if time.Now().UnixNano()-m.health(r).probedAt.Load() > int64(railProbeEvery) {
-					m.probeRail(r, ops[0].remote) // for the requests after this one
+					m.probeRail(r, ops[railOp].remote) // for the requests after this one
 				}
 			}
 			return fmt.Errorf("%w: every one of the %d %s rails failed (%s)", ErrNoRail, len(bs.rails), bs.remote.Provider, m.railErrors())
@@ -710,8 +712,8 @@ func (m *Manager) probeRail(i int, r RemoteBuffer) {
 		err := m.execute(ctx, "probe", ops[:])
 		h.probedAt.Store(time.Now().UnixNano())
 		switch {
-		case err == nil:
-			m.railUp(i)
+		case err == nil && ops[0].kind == route.Fabric && ops[0].b == b:
+			m.railUp(i) // a read that went another way says nothing of the rail
 		default:
 			// Still down. A probe that stalled is not ended by closing
 			// its endpoint: it reads into the probe buffer, which nothing

@@ -42,9 +42,10 @@ type guardRef struct {
 	key   uint64 // the table's key
 	slot  uint32
 	gen   uint64
-	// memo: on a mem endpoint, the route its last op found; shared by
-	// every copy and slice of the handle, and never sent with it.
-	memo atomic.Pointer[memMemo]
+	// memo: on a mem endpoint, the route its last op found, for up to
+	// two managers of this process (keepMemo); shared by every copy and
+	// slice of the handle, and never sent with it.
+	memo [2]atomic.Pointer[memMemo]
 }
 
 // Len is the handle's length in bytes.
