@@ -41,17 +41,15 @@ func keepMemo(m *Manager, o *opSpec) {
 	at := -1
 	for i := range slots {
 		cur := slots[i].Load()
-		switch {
-		case cur != nil && cur.m == m:
+		if cur != nil && cur.m == m {
 			if cur.peer == o.peer && cur.link == o.link && cur.mm == o.mm {
 				return
 			}
 			at = i
-		case at < 0 && (cur == nil || !cur.usable()):
-			at = i
-		}
-		if cur != nil && cur.m == m {
 			break
+		}
+		if at < 0 && (cur == nil || !cur.usable()) {
+			at = i
 		}
 	}
 	if at < 0 {
@@ -84,7 +82,7 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil
 	}
 	g, l, mm := ep.guard, h.link, h.mm
-	if h.peer.gone.Load() || h.peer.replaced.Load() || l.done.Load() || l.gen(g.slot) != g.gen {
+	if !h.usable() || l.gen(g.slot) != g.gen {
 		return false, nil
 	}
 	if mm.gen != g.gen || uint64(len(mm.b)) != r.size || r.off > r.size || r.n > r.size-r.off ||
