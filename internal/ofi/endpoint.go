@@ -8,6 +8,11 @@ package ofi
 // busy loop's event queue.
 #cgo noescape ft_eq_poll
 #cgo nocallback ft_eq_poll
+
+static inline uint64_t ft_cntr_read_u(uintptr_t cntr)
+{
+	return fi_cntr_read((struct fid_cntr *)cntr);
+}
 */
 import "C"
 
@@ -145,7 +150,15 @@ func (ep *Endpoint) Waitable() bool { return ep.waitable }
 // RemoteOps counts peers' RMA ops on the endpoint so far, when it was
 // opened with RemoteCounter and the provider took the counter (HasRemoteOps);
 // else 0. Reading drives the provider's progress, as Reap does.
-func (ep *Endpoint) RemoteOps() uint64 { return uint64(C.ft_remote_ops(&ep.e)) }
+func (ep *Endpoint) RemoteOps() uint64 {
+	if ep.e.remote_cntr == nil {
+		return 0
+	}
+	// The counter, not &ep.e: cgo would check that Go struct for Go
+	// pointers at every call (see queue.go), and a busy target reads it
+	// every round.
+	return uint64(C.ft_cntr_read_u(cptr(unsafe.Pointer(ep.e.remote_cntr))))
+}
 
 // HasRemoteOps reports whether RemoteOps counts.
 func (ep *Endpoint) HasRemoteOps() bool { return ep.e.remote_cntr != nil }

@@ -252,11 +252,6 @@ void ft_ep_close(struct ft_ep *e)
 	e->wait_fd = -1;
 }
 
-uint64_t ft_remote_ops(struct ft_ep *e)
-{
-	return e->remote_cntr ? fi_cntr_read(e->remote_cntr) : 0;
-}
-
 int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr)
 {
 	fi_addr_t a = FI_ADDR_NOTAVAIL;

@@ -71,7 +71,7 @@ struct ft_ep {
 struct ft_ep_opts {
 	int shared_memory_permitted; /* FI_OPT_SHARED_MEMORY_PERMITTED, headers 1.21+ */
 	int cuda_api_permitted;      /* FI_OPT_CUDA_API_PERMITTED, headers 1.18+ */
-	int remote_cntr;             /* 1: bind a counter of peers' RMA ops (ft_remote_ops) */
+	int remote_cntr;             /* 1: bind a counter of peers' RMA ops (Endpoint.RemoteOps) */
 	int shared_memory_rc;
 	int cuda_api_rc;
 };
@@ -95,10 +95,6 @@ int ft_trywait(struct ft_ep *e);
  * no libfabric function. */
 int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms);
 void ft_ep_close(struct ft_ep *e);
-
-/* Peers' RMA ops on the endpoint so far (its remote counter), or 0
- * without one. Reading drives the provider's progress. */
-uint64_t ft_remote_ops(struct ft_ep *e);
 
 /* fi_av_insert of one address; *addr gets the fi_addr_t. */
 int ft_av_insert(struct ft_ep *e, const void *name, uint64_t *addr);

@@ -2,6 +2,22 @@ package ofi
 
 /*
 #include "ofi.h"
+
+// The data path's calls take their pointers as integers. cgo checks each
+// pointer argument of a call for Go pointers (runtime.cgoCheckPointer),
+// and on a spinning loop's every round those checks cost more than the
+// call's own Go-to-C transition; these pointers all lead to C memory.
+static inline int ft_post_u(uintptr_t ep, uintptr_t ops, int n, uintptr_t ctx, uintptr_t rc)
+{
+	return ft_post((struct fid_ep *)ep, (const struct ft_op *)ops, n,
+		       (struct fi_context2 *)ctx, (ssize_t *)rc);
+}
+
+static inline int ft_cq_read_u(uintptr_t cq, uintptr_t ctx, uint32_t nctx, uintptr_t slots, int max)
+{
+	return ft_cq_read((struct fid_cq *)cq, (const struct fi_context2 *)ctx, nctx,
+			  (uint32_t *)slots, max);
+}
 */
 import "C"
 
@@ -95,7 +111,8 @@ func (q *Queue) Post(ep *Endpoint, n int) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	posted := int(C.ft_post(ep.e.ep, &q.ops[0], C.int(n), q.ctx, q.rc))
+	posted := int(C.ft_post_u(cptr(unsafe.Pointer(ep.e.ep)), cptr(unsafe.Pointer(&q.ops[0])), C.int(n),
+		cptr(unsafe.Pointer(q.ctx)), cptr(unsafe.Pointer(q.rc))))
 	if posted < n {
 		if *q.rc == -C.FI_EAGAIN {
 			return posted, errPostAgain // the common case: no allocation
@@ -109,7 +126,8 @@ func (q *Queue) Post(ep *Endpoint, n int) (int, error) {
 // the next Reap); errors.Is(err, ErrAvail) means an error entry waits
 // (ReadErr). Reading also drives the provider's progress.
 func (q *Queue) Reap(ep *Endpoint) ([]uint32, error) {
-	n := C.ft_cq_read(ep.e.cq, q.ctx, C.uint32_t(q.nslots), (*C.uint32_t)(&q.slots[0]), reapMax)
+	n := C.ft_cq_read_u(cptr(unsafe.Pointer(ep.e.cq)), cptr(unsafe.Pointer(q.ctx)), C.uint32_t(q.nslots),
+		cptr(unsafe.Pointer(&q.slots[0])), reapMax)
 	if n < 0 {
 		return nil, check("fi_cq_read", n)
 	}
@@ -131,6 +149,10 @@ func (q *Queue) ReadErr(ep *Endpoint) (e CQError, ok bool, err error) {
 		Len: uint64(c.len), Flags: uint64(c.flags), ProvMessage: C.GoString(&c.msg[0]),
 	}, true, nil
 }
+
+// cptr passes a pointer to C memory to C as an integer (see the
+// preamble: no cgo pointer check).
+func cptr(p unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(p)) }
 
 // Free releases the queue's C memory. Only after the endpoint it posted to
 // is closed: libfabric may still hold pointers into the contexts.

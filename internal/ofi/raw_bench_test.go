@@ -48,3 +48,17 @@ func BenchmarkRawRead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkIdleReap is one fi_cq_read of an idle endpoint: what a loop
+// spinning on an endpoint pays at each look.
+func BenchmarkIdleReap(b *testing.B) {
+	for _, prov := range rawProviders {
+		b.Run(prov, func(b *testing.B) {
+			s := openSide(b, rmaInfo(b, prov, 0))
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = s.q.Reap(s.ep)
+			}
+		})
+	}
+}
