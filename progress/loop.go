@@ -340,6 +340,13 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			worked = l.iterate(now)
 			l.drive.Unlock()
 		}
+		select {
+		case <-j.done: // before the clock read below, which a finished job does not need
+			l.drivers.Add(-1)
+			l.wakeIfSleeping()
+			return nil
+		default:
+		}
 		// The next round's clock: read after a round that did something
 		// (it may have taken long), else every 8th. Rounds that find
 		// nothing take a fraction of a microsecond, and a clock read
@@ -352,13 +359,6 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		}
 		if worked {
 			last = now // after the round: a long one that worked is not quiet
-		}
-		select {
-		case <-j.done:
-			l.drivers.Add(-1)
-			l.wakeIfSleeping()
-			return nil
-		default:
 		}
 		// Every 64 looks, not 1024: a round may take milliseconds (tcp
 		// moving megabytes), and a cancelled waiter must not sit out
