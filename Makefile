@@ -81,12 +81,14 @@ demo: build
 # fi_rma_pingpong, fabtests 1.21 on) when FABTESTS_BIN names a directory
 # holding them. Then, as root, tcp over
 # 1 and over 4 rate-limited links between two network namespaces (bench
-# --rails, docs/PERFORMANCE.md). Then the Go benchmarks.
+# --rails, docs/PERFORMANCE.md). Then the Go benchmarks, and the floor
+# under the shm and tcp pingpongs: raw endpoints, no engine.
 bench: build
 	./$(BIN) bench --compare --repeat 3
 	if [ "$$(id -u)" = 0 ]; then ./$(BIN) bench --rails 4 --repeat 3; \
 	else echo "make bench: skipping bench --rails 4 (network namespaces need root)"; fi
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
+	$(GO) test -run '^$$' -bench 'RawPingPong|IdleReap' -count 3 ./internal/ofi/
 
 # The reliability runs (docs/RELIABILITY.md): a minute of random
 # transfers with every byte checked, plus 100,000 registrations; and each

@@ -1,0 +1,170 @@
+package ofi
+
+import (
+	"bufio"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rawPeerEnv makes TestRawPingPongPeer the other process of
+// BenchmarkRawPingPong; its value is the provider.
+const rawPeerEnv = "FITRANSFER_RAW_PINGPONG_PEER"
+
+// rawProviders are the providers BenchmarkRawPingPong measures.
+var rawProviders = []string{"shm", "tcp;ofi_rxm"}
+
+// pingSide is one process's half of the raw pingpong: it writes its
+// bytes 64..71 into the peer's 0..7 and watches its own byte 7.
+type pingSide struct {
+	s   *side
+	buf []byte
+	op  Op
+}
+
+// rawSetup opens an endpoint of prov with a registered page, tells the
+// peer (on w) its address, the page's address and key, and reads the
+// peer's (from r).
+func rawSetup(t testing.TB, prov string, r *bufio.Reader, w io.Writer) *pingSide {
+	info := rmaInfo(t, prov, 0)
+	p := &pingSide{s: openSide(t, info), buf: mmap(t, 4096)}
+	var bindTo *Endpoint
+	if info.Domain.MRMode.Has(MREndpoint) {
+		bindTo = p.s.ep
+	}
+	mr, err := p.s.d.RegMR(uintptr(unsafe.Pointer(&p.buf[0])), 4096, AccessRead|AccessWrite|AccessRemoteRead|AccessRemoteWrite, 7, HMEMSystem, 0, bindTo)
+	require.NoError(t, err)
+	t.Cleanup(func() { mr.Close() })
+	addr := uint64(0)
+	if info.Domain.MRMode.Has(MRVirtAddr) {
+		addr = uint64(uintptr(unsafe.Pointer(&p.buf[0])))
+	}
+	_, err = fmt.Fprintf(w, "%s %d %d\n", hex.EncodeToString(p.s.ep.Name()), addr, mr.Key())
+	require.NoError(t, err)
+	var name string
+	var peerAddr, peerKey uint64
+	_, err = fmt.Fscanln(r, &name, &peerAddr, &peerKey)
+	require.NoError(t, err)
+	raw, err := hex.DecodeString(name)
+	require.NoError(t, err)
+	peer, err := p.s.ep.InsertAddr(raw)
+	require.NoError(t, err)
+	p.op = Op{Local: uintptr(unsafe.Pointer(&p.buf[64])), Len: 8, Desc: mr.Desc(), Remote: peerAddr, Key: peerKey,
+		Peer: peer, Flags: uint64(OpCompletion | OpDeliveryComplete), Slot: 1, Write: true}
+	p.s.q.Set(0, &p.op)
+	return p
+}
+
+// write writes mark into the peer's byte 7, delivery complete, and reaps
+// the completion.
+func (p *pingSide) write(t testing.TB, mark byte) {
+	p.buf[71] = mark
+	for {
+		n, err := p.s.q.Post(p.s.ep, 1)
+		if n == 1 {
+			break
+		}
+		if !errors.Is(err, ErrAgain) {
+			t.Fatalf("post: %v", err) // not require: its Helper call would be most of a round
+		}
+		_, _ = p.s.q.Reap(p.s.ep)
+	}
+	for {
+		slots, err := p.s.q.Reap(p.s.ep)
+		if err != nil {
+			t.Fatalf("reap: %v", err)
+		}
+		if len(slots) == 1 {
+			return
+		}
+	}
+}
+
+// await spins on its own byte 7, progressing the endpoint, until it is
+// mark; it fails when the byte has not changed for awaitTimeout (the
+// other process died, say).
+func (p *pingSide) await(t testing.TB, mark byte) {
+	w := (*uint32)(unsafe.Pointer(&p.buf[4]))
+	var deadline time.Time
+	for i := 1; byte(atomic.LoadUint32(w)>>24) != mark; i++ {
+		_, _ = p.s.q.Reap(p.s.ep)
+		if i&4095 == 0 { // the clock is read rarely: a round trip takes a microsecond
+			if deadline.IsZero() {
+				deadline = time.Now().Add(awaitTimeout)
+			} else if time.Now().After(deadline) {
+				t.Fatalf("the other process's write %d did not arrive within %v", mark, awaitTimeout)
+			}
+		}
+	}
+}
+
+// awaitTimeout bounds each wait of BenchmarkRawPingPong's sides.
+const awaitTimeout = 10 * time.Second
+
+// BenchmarkRawPingPong is the floor under fitransfer's pingpong over shm
+// and tcp with this Go and cgo: an 8-byte RMA write pingpong between this
+// process and a child, each write delivery complete as fitransfer's are,
+// on raw endpoints (no progress loop, no routing), each side spinning on
+// one locked thread as fi_rma_pingpong -U -j 0's sides do. An op is a
+// round trip; usec/xfer is half of one, as fabtests count.
+func BenchmarkRawPingPong(b *testing.B) {
+	for _, prov := range rawProviders {
+		b.Run(prov, func(b *testing.B) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestRawPingPongPeer$")
+			cmd.Env = append(os.Environ(), rawPeerEnv+"="+prov)
+			cmd.Stderr = os.Stderr
+			in, err := cmd.StdinPipe()
+			require.NoError(b, err)
+			out, err := cmd.StdoutPipe()
+			require.NoError(b, err)
+			require.NoError(b, cmd.Start())
+			defer func() { require.NoError(b, cmd.Wait()) }()
+			defer in.Close()
+			p := rawSetup(b, prov, bufio.NewReader(out), in)
+			_, err = fmt.Fprintln(in, b.N)
+			require.NoError(b, err)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			p.write(b, 0xff) // both sides are up
+			p.await(b, 0xff)
+			b.ResetTimer()
+			for i := 1; i <= b.N; i++ {
+				p.write(b, byte(i))
+				p.await(b, byte(i))
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N)/1000, "usec/xfer")
+		})
+	}
+}
+
+// TestRawPingPongPeer is BenchmarkRawPingPong's other process; run
+// without rawPeerEnv it has nothing to do.
+func TestRawPingPongPeer(t *testing.T) {
+	prov := os.Getenv(rawPeerEnv)
+	if prov == "" {
+		return
+	}
+	r := bufio.NewReader(os.Stdin)
+	p := rawSetup(t, prov, r, os.Stdout)
+	var n int
+	_, err := fmt.Fscanln(r, &n)
+	require.NoError(t, err)
+	runtime.LockOSThread()
+	p.await(t, 0xff)
+	p.write(t, 0xff)
+	for i := 1; i <= n; i++ {
+		p.await(t, byte(i))
+		p.write(t, byte(i))
+	}
+}
