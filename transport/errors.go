@@ -111,7 +111,9 @@ var final = []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange,
 // Retryable reports whether the same request may succeed if made again:
 // err is (or holds) a timeout (ErrTimeout), or a transient provider error
 // — the provider was busy (FI_EAGAIN), or a connection to a peer that
-// still listens dropped — and nothing in it says a retry cannot help: a
+// still listens dropped — or a mem op whose link to a live owner ended
+// before it copied (nothing moved; the next op dials again), and nothing
+// in it says a retry cannot help: a
 // peer gone, a stale or altered handle, access denied, out of range, a
 // canceled context, a closed manager or buffer, bad input, a blocked or
 // wedged endpoint. Errors it does not know (FI_EIO, say) are not
@@ -129,7 +131,7 @@ func Retryable(err error) bool {
 	if errors.As(err, &wedged) {
 		return false
 	}
-	return errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || transient(err)
+	return errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || transient(err) || linkEnded(err)
 }
 
 // transient reports whether err or any error it wraps is a
