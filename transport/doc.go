@@ -99,8 +99,8 @@
 // refusal, until rxm reconnects) is posted again until it reaches the new
 // connection; one still failing so has no class and is retryable. So is a
 // mem op that found its link to a live owner ended before it copied
-// (another op's request on the link failed): nothing moved, and the next
-// op dials again. On efa
+// (another op's request on the link failed, or this manager verified the
+// owner again): nothing moved, and the next op dials again. On efa
 // only error numbers whose meaning is unambiguous have a class: an
 // unreachable or unknown peer (prov_errno 13, 14, 15) is a setup or
 // network problem, not a dead one.

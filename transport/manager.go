@@ -539,6 +539,25 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 			// op a verification).
 			peer, err = m.reverify(r.owner, peer)
 		}
+		var memErr error
+		var link *memLink
+		if err == nil && memEP != nil {
+			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
+				return rt, memErr
+			}
+			link, memErr = peer.memLink()
+			if peer.replaced.Load() {
+				// This manager verified the owner again since it took
+				// peer (reverify, evict), and ends peer's link: the new
+				// verification's.
+				if peer, err = m.sameNodePeer(r.owner); err == nil {
+					if memErr = matchesPeer(r, memEP, peer); memErr != nil {
+						return rt, memErr
+					}
+					link, memErr = peer.memLink()
+				}
+			}
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errNoAnswer):
@@ -576,14 +595,6 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 			default:
 				rt.gone.Provider = bs.sameNode.Name()
 			}
-		}
-		var memErr error
-		var link *memLink
-		if err == nil && memEP != nil {
-			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
-				return rt, memErr
-			}
-			link, memErr = peer.memLink()
 		}
 		switch {
 		case err != nil:

@@ -379,6 +379,11 @@ func (mm *memMap) unref() {
 func (p *sameNodePeer) memLink() (*memLink, error) {
 	p.memMu.Lock()
 	switch {
+	case p.memDone && p.replaced.Load() && !p.gone.Load():
+		// This manager verified the owner again (reverify, evict): the
+		// new verification has the link (route takes it).
+		p.memMu.Unlock()
+		return nil, &memLinkEnded{pid: p.pid}
 	case p.memDone:
 		p.memMu.Unlock()
 		return nil, peerGone(p.pid)
@@ -532,15 +537,35 @@ func (l *memLink) genWord(slot uint32) *uint64 { return &l.gens[slot] }
 
 // alive reports whether the owner process still runs: its lifeline says
 // so (one load), or else its pidfd is not readable (a system call: an
-// owner without a lifeline, or whose manager closed).
+// owner without a lifeline, or whose manager closed). Without a pidfd,
+// the end of the owner's verified connection says it, or, once this
+// manager ended that connection itself (replaced), /proc.
 func (l *memLink) alive() bool {
 	if l.life != nil && lifeline.Alive(l.life) {
 		return true
 	}
 	if l.pidfd < 0 {
-		return !l.owner.gone.Load()
+		if l.owner.gone.Load() {
+			return false
+		}
+		if l.owner.replaced.Load() {
+			gone, _ := proc.Gone(l.owner.pid)
+			return !gone
+		}
+		return true
 	}
 	return !proc.PidfdExited(l.pidfd)
+}
+
+// endedErr is the error of an op that found l ended: ErrPeerGone when the
+// owner's side ended its verified connection or the OS says it exited;
+// otherwise this manager ended the link (a failed request, or it
+// verified the owner again) while the owner lives, and nothing moved.
+func (l *memLink) endedErr() error {
+	if l.owner.gone.Load() || !l.alive() {
+		return peerGone(l.owner.pid)
+	}
+	return &memLinkEnded{pid: l.owner.pid}
 }
 
 // get returns the mapping of the handle's buffer, holding it for one op:
@@ -551,7 +576,7 @@ func (l *memLink) get(r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.done.Load() {
-		return nil, peerGone(l.owner.pid)
+		return nil, l.endedErr()
 	}
 	if mm := l.maps[r.id]; mm != nil && mm.gen == g.gen && mm.slot == g.slot {
 		switch {
@@ -740,8 +765,9 @@ func (m *Manager) memGone(op progress.Op, peer *sameNodePeer) error {
 }
 
 // memLinkEnded is a mem op that found its link ended between its checks
-// and its mark, by another op's failed request while the owner lived:
-// nothing moved, and the next op dials again.
+// and its mark while the owner lived — by another op's failed request,
+// or because this manager verified the owner again (reverify, evict):
+// nothing moved, and the next op dials again. Retryable says so.
 type memLinkEnded struct{ pid int }
 
 func (e *memLinkEnded) Error() string {
@@ -765,8 +791,9 @@ func (m *Manager) memCopy(lim route.Limit, op progress.Op, local, remote []byte,
 		case peer.gone.Load() || !l.alive():
 			return m.memGone(op, peer)
 		}
-		// Another op's request on the link failed: the owner lives, and
-		// the next op dials again.
+		// Another op's request on the link failed, or this manager
+		// verified the owner again: the owner lives, and the next op
+		// dials again.
 		return fmt.Errorf("%s over %s: %w", op, mem.Name, &memLinkEnded{pid: peer.pid})
 	}
 	owner := mem.Owner{PID: peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &peer.gone}

@@ -83,9 +83,13 @@ type sameNodePeer struct {
 	shm     guardLoc // the same table over shm: remote address and memory key
 	shmName []byte   // its shm endpoint name; nil without shm
 	conn    *net.UnixConn
-	gone    atomic.Bool // the connection ended: the owner closed or exited
-	// replaced: this manager dropped the connection to verify again; the
-	// owner is not gone, so what shm holds for it stays.
+	// gone: the owner's side ended the connection: it closed its manager
+	// or exited. Never set when this manager ended it (replaced).
+	gone atomic.Bool
+	// replaced: this manager dropped the connection to verify again (or
+	// to forget the owner); the owner is not gone, so what shm holds for
+	// it stays, and gone stays unset: an op that meets its ended link
+	// asks the OS whether the owner died (memLink.alive).
 	replaced   atomic.Bool
 	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
 
@@ -713,13 +717,19 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	p.pid = pid
 	go func() {
 		var b [1]byte
-		_, _ = c.Read(b[:]) // returns when the owner's side ends
+		_, _ = c.Read(b[:]) // returns when the owner's side ends, or this manager's (replaced)
 		p.endAnnouncement()
+		if p.replaced.Load() {
+			// This manager ended it, and its word is no sign that the
+			// owner died: ops on the link finish, or find it ended
+			// before they copied (memLinkEnded: nothing moved), and the
+			// next op takes the new verification's.
+			p.closeMem()
+			return
+		}
 		p.gone.Store(true)
 		p.closeMem()
-		if !p.replaced.Load() {
-			onGone(p)
-		}
+		onGone(p)
 	}()
 	return p, nil
 }

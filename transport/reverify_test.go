@@ -1,0 +1,276 @@
+package transport_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// TestLiveOwnerVerifiedAgain: a manager that verifies a live same-node
+// owner again — a handle's shm address disagrees with what the owner told
+// (reverify), or its table of verified owners is full (evict) — ends the
+// connection it verified the owner over, and the mem link to it with it.
+// Mem ops toward the owner in flight then, or starting on the remembered
+// route, must not fail with ErrPeerGone, which tells the caller it may
+// drop the owner: the owner lives. Each returns nil with its bytes right,
+// or an error that is not final (Retryable: nothing moved), and the ops
+// after succeed.
+func TestLiveOwnerVerifiedAgain(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	const (
+		small  = 4096
+		large  = 8<<20 + 4096 // three pieces: a copy looks at the owner between them
+		rounds = 6
+	)
+	for _, tt := range []struct {
+		name  string
+		provs []string
+		// drop makes m verify the owner of h again, as the code does.
+		drop func(t *testing.T, m *transport.Manager, h transport.RemoteBuffer, local *transport.Buffer)
+	}{
+		{"a handle disagrees with the owner's shm address", []string{testenv.RouteMem, testenv.RouteSHM},
+			func(t *testing.T, m *transport.Manager, h transport.RemoteBuffer, local *transport.Buffer) {
+				// The op on the disagreeing handle routes it: reverify.
+				other, err := transport.OtherShmAddress(h)
+				require.NoError(t, err)
+				clear(local.Bytes())
+				require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, other))
+				require.Equal(t, testpeer.Pattern(small, 1), local.Bytes(), "the op that verified again read other bytes")
+			}},
+		{"the table of verified owners is full", []string{testenv.RouteMem},
+			func(t *testing.T, m *transport.Manager, _ transport.RemoteBuffer, _ *transport.Buffer) {
+				transport.EvictVerifiedOwners(m)
+			}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			peer := testpeer.Start(t, tt.provs...)
+			m := newManager(t, transport.WithProviders(tt.provs...))
+			ctx := ctxTimeout(t, 2*time.Minute)
+
+			// The owner's buffers: 0 and 1 read, 2 and 3 written.
+			hRead := peer.Register(small, mr.ReadWrite, 1)
+			hReadL := peer.Register(large, mr.ReadWrite, 2)
+			hWrite := peer.Register(small, mr.ReadWrite, 3)
+			hWriteL := peer.Register(large, mr.ReadWrite, 4)
+			wantRead, wantReadL := testpeer.Pattern(small, 1), testpeer.Pattern(large, 2)
+
+			var (
+				errMu sync.Mutex
+				errs  []error
+			)
+			record := func(who string, err error) {
+				errMu.Lock()
+				defer errMu.Unlock()
+				errs = append(errs, fmt.Errorf("%s: %w", who, err))
+			}
+			type worker struct {
+				name  string
+				ops   atomic.Int64 // ops that returned, whatever they returned
+				h     transport.RemoteBuffer
+				local *transport.Buffer
+				want  []byte // a reader's: the owner's bytes
+				// A writer's: the owner's buffer it writes, the seed of
+				// its last write that returned nil, and whether a write
+				// failed after it.
+				buf           int
+				lastOK        uint64
+				failedAfterOK bool
+			}
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			var workers []*worker
+			reader := func(name string, h transport.RemoteBuffer, want []byte) {
+				w := &worker{name: name, h: h, local: register(t, m, alloc(t, len(want)), 0), want: want}
+				workers = append(workers, w)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for !stop.Load() {
+						clear(w.local.Bytes())
+						err := m.ReadInto(ctx, w.local, h)
+						switch {
+						case err != nil:
+							record(name, err)
+						case !bytes.Equal(want, w.local.Bytes()):
+							record(name, errors.New("the read returned nil with other bytes"))
+						}
+						w.ops.Add(1)
+					}
+				}()
+			}
+			// router reads with a handle as received each time, which
+			// remembers no route: each of its ops routes the handle
+			// (verification, link, mapping) before it copies.
+			router := func(name string, h transport.RemoteBuffer, want []byte) {
+				w := &worker{name: name, h: h, local: register(t, m, alloc(t, len(want)), 0), want: want}
+				workers = append(workers, w)
+				wire, err := h.MarshalBinary()
+				require.NoError(t, err)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for !stop.Load() {
+						var fresh transport.RemoteBuffer
+						if err := fresh.UnmarshalBinary(wire); err != nil {
+							record(name, err)
+							return
+						}
+						clear(w.local.Bytes())
+						err := m.ReadInto(ctx, w.local, fresh)
+						switch {
+						case err != nil:
+							record(name, err)
+						case !bytes.Equal(want, w.local.Bytes()):
+							record(name, errors.New("the read returned nil with other bytes"))
+						}
+						w.ops.Add(1)
+					}
+				}()
+			}
+			writer := func(name string, h transport.RemoteBuffer, buf, n int, seed0 uint64) {
+				w := &worker{name: name, h: h, local: register(t, m, alloc(t, n), 0), buf: buf}
+				workers = append(workers, w)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for seed := seed0; !stop.Load(); seed++ {
+						testpeer.Fill(w.local.Bytes(), seed)
+						if err := m.WriteFrom(ctx, h, w.local); err != nil {
+							record(name, err)
+							w.failedAfterOK = true
+						} else {
+							w.lastOK, w.failedAfterOK = seed, false
+						}
+						w.ops.Add(1)
+					}
+				}()
+			}
+
+			// The first op verifies the owner; the workers' ops take the
+			// route their handle remembers (memFast) when it still holds,
+			// but the router's, which route each time.
+			local := register(t, m, alloc(t, small), 0)
+			require.NoError(t, m.ReadInto(ctx, local, hRead))
+			require.Equal(t, wantRead, local.Bytes())
+
+			reader("small reader 1", hRead, wantRead)
+			reader("small reader 2", hRead, wantRead)
+			reader("large reader", hReadL, wantReadL)
+			writer("small writer", hWrite, 2, small, 100)
+			writer("large writer", hWriteL, 3, large, 1_000_000)
+			router("routing reader", hRead, wantRead)
+			stopAll := func() {
+				stop.Store(true)
+				wg.Wait()
+			}
+			defer stopAll()
+
+			// opsPast waits until every worker has had n more ops return
+			// than it had at from: ops in flight around the drop, and
+			// ops after it, each worker's.
+			snapshot := func() []int64 {
+				s := make([]int64, len(workers))
+				for i, w := range workers {
+					s[i] = w.ops.Load()
+				}
+				return s
+			}
+			opsPast := func(from []int64, n int64, what string) {
+				require.Eventually(t, func() bool {
+					for i, w := range workers {
+						if w.ops.Load() < from[i]+n {
+							return false
+						}
+					}
+					return true
+				}, time.Minute, time.Millisecond, "the workers' ops did not return (%s)", what)
+			}
+
+			for round := range rounds {
+				opsPast(snapshot(), 1, "before the drop")
+				ended, ok := transport.VerifiedMemLink(m, hRead)
+				require.True(t, ok, "round %d: no verified owner with a mem link", round)
+				require.False(t, ended(), "round %d: the link ended before the drop", round)
+				tt.drop(t, m, hRead, local)
+				require.Eventually(t, ended, time.Minute, time.Millisecond,
+					"round %d: the mem link of the owner verified before is still up", round)
+				opsPast(snapshot(), 2, "after the drop")
+			}
+			stopAll()
+
+			var total int64
+			for _, w := range workers {
+				total += w.ops.Load()
+			}
+			errMu.Lock()
+			defer errMu.Unlock()
+			var gone, final []error
+			for _, err := range errs {
+				switch {
+				case errors.Is(err, transport.ErrPeerGone):
+					gone = append(gone, err)
+				case !transport.Retryable(err):
+					final = append(final, err)
+				}
+			}
+			if len(gone) > 0 {
+				t.Errorf("%d of %d ops failed with ErrPeerGone while the owner lives; the first: %v", len(gone), total, gone[0])
+			}
+			if len(final) > 0 {
+				t.Errorf("%d of %d ops failed with another final error; the first: %v", len(final), total, final[0])
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+			t.Logf("%d ops in all; %d failed, retryable", total, len(errs))
+			for i, err := range errs[:min(len(errs), 3)] {
+				t.Logf("retryable failure %d: %v", i+1, err)
+			}
+
+			// Each writer's last write that returned nil landed, when no
+			// write failed after it (one that failed may have moved some).
+			// Then the ops after: every one succeeds, with its bytes.
+			for _, w := range workers {
+				if w.want != nil {
+					clear(w.local.Bytes())
+					require.NoError(t, m.ReadInto(ctx, w.local, w.h), "%s: the op after", w.name)
+					require.Equal(t, w.want, w.local.Bytes(), "%s: the op after read other bytes", w.name)
+					continue
+				}
+				n := uint64(w.local.Len())
+				if !w.failedAfterOK {
+					require.Equal(t, testpeer.Sum(testpeer.Pattern(int(n), w.lastOK)), peer.Sum(w.buf, 0, n),
+						"%s: the owner's buffer does not hold its last write", w.name)
+				}
+				testpeer.Fill(w.local.Bytes(), 7)
+				require.NoError(t, m.WriteFrom(ctx, w.h, w.local), "%s: the op after", w.name)
+				require.Equal(t, testpeer.Sum(testpeer.Pattern(int(n), 7)), peer.Sum(w.buf, 0, n), "%s: the op after wrote other bytes", w.name)
+			}
+
+			// The owner dies, and this manager forgets it (evict) before
+			// or after it sees the death: its ops fail with ErrPeerGone.
+			peer.Kill()
+			transport.EvictVerifiedOwners(m)
+			for _, w := range workers {
+				var err error
+				if w.want != nil {
+					err = m.ReadInto(ctx, w.local, w.h)
+				} else {
+					err = m.WriteFrom(ctx, w.h, w.local)
+				}
+				require.ErrorIs(t, err, transport.ErrPeerGone, "%s: the owner died", w.name)
+			}
+		})
+	}
+}
