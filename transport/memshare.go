@@ -563,7 +563,9 @@ func (l *memLink) alive() bool {
 // verified the owner again) while the owner lives, and nothing moved.
 func (l *memLink) endedErr() error {
 	if l.owner.gone.Load() || !l.alive() {
-		return peerGone(l.owner.pid)
+		e := peerGone(l.owner.pid)
+		e.Provider = mem.Name
+		return e
 	}
 	return &memLinkEnded{pid: l.owner.pid}
 }

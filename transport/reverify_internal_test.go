@@ -45,6 +45,9 @@ func TestReplacedOwnerEndedLink(t *testing.T) {
 				var ended *memLinkEnded
 				if wantGone {
 					require.ErrorAs(t, err, &gone, where)
+					if where != "memLink" {
+						require.Equal(t, mem.Name, gone.Provider, "%s: %v", where, err)
+					}
 					return
 				}
 				require.ErrorAs(t, err, &ended, where)
