@@ -52,6 +52,9 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 		}
 	}
 	link := m.checksLink(o) // without one, every op reads the entry
+	if link != nil {
+		defer link.drop()
+	}
 	switch {
 	case link != nil && link.lookup(slot, entry):
 	case link != nil:

@@ -78,14 +78,15 @@ func (l *memLink) keep(slot uint32, entry *[guardEntrySize]byte, before uint64) 
 }
 
 // checksLink is the mem link to op o's owner whose kept entries serve its
-// handle check, when one is up (linkForChecks), or nil.
+// handle check, when one is up (linkForChecks), held (the caller drops
+// it), or nil.
 func (m *Manager) checksLink(o *opSpec) *memLink {
 	if !m.linkOn || o.peer == nil {
 		return nil
 	}
 	link := o.peer.linkForChecks()
-	if link != nil && int(o.ep.guard.slot) >= len(link.gens) {
-		return nil // matchesPeer bounds it; an owner's short page would not
+	if link == nil || int(o.ep.guard.slot) >= len(link.gens) || !link.hold() {
+		return nil // (matchesPeer bounds the slot; an owner's short page would not)
 	}
 	return link
 }
@@ -106,8 +107,10 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 	c.link, c.before = link, link.gen(slot)
 	var entry [guardEntrySize]byte
 	if !link.lookup(slot, &entry) {
-		return false, nil
+		return false, nil // c, and the hold, go to verifyGuards (prepare drops it)
 	}
+	c.link = nil
+	link.drop()
 	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {
 		return true, err // as verifyPeerGuards, before its read
 	}

@@ -82,7 +82,7 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil
 	}
 	g, l, mm := ep.guard, h.link, h.mm
-	if !h.usable() || l.gen(g.slot) != g.gen {
+	if !h.usable() {
 		return false, nil
 	}
 	if mm.gen != g.gen || uint64(len(mm.b)) != r.size || r.off > r.size || r.n > r.size-r.off ||
@@ -102,6 +102,18 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil
 	}
 	m.releaseManager()
+	// The link's pages are read only while held: one that ended may be
+	// freed.
+	held := l.hold()
+	if !held || l.gen(g.slot) != g.gen {
+		if held {
+			l.drop()
+		}
+		mm.unref()
+		local.st.Unref()
+		return false, nil
+	}
+	defer l.drop()
 	h.taken.Add(1)
 	lim := route.Limit{Ctx: ctx}
 	if r.n > route.Piece { // as execute: a copy of one piece never looks at the clock

@@ -352,6 +352,12 @@ type memLink struct {
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
 	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
+	// users counts the ops between hold and drop: the generations and
+	// use pages and the pidfd above are theirs to read until the link is
+	// done and the last of them drops it (free).
+	users    atomic.Int64
+	gm       []byte // the generations mapping as mapped (gens and life are views of it)
+	freeOnce sync.Once
 	// entries: guard entries read from the owner (cma, shm), valid
 	// while its generations say so.
 	entries entryCache
@@ -457,7 +463,7 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
 		l.pidfd = fd
 	}
-	l.gens, l.page, l.uses = mr.Words64(gm[:useSlots*8]), pm, mem.UsesOf(pm)
+	l.gm, l.gens, l.page, l.uses = gm, mr.Words64(gm[:useSlots*8]), pm, mem.UsesOf(pm)
 	if gensLen > useSlots*8 {
 		l.life, _ = mr.Word32(gm, lifeOffset) // lifeOffset is 8-aligned: the word itself
 	}
@@ -570,6 +576,18 @@ func (l *memLink) endedErr() error {
 	return &memLinkEnded{pid: l.owner.pid}
 }
 
+// endedErrUnheld is endedErr for an op that found l done before it held
+// it: its pidfd and lifeline may be gone, so /proc says whether the owner
+// exited.
+func (l *memLink) endedErrUnheld() error {
+	if gone, _ := proc.Gone(l.owner.pid); gone || l.owner.gone.Load() {
+		e := peerGone(l.owner.pid)
+		e.Provider = mem.Name
+		return e
+	}
+	return &memLinkEnded{pid: l.owner.pid}
+}
+
 // get returns the mapping of the handle's buffer, holding it for one op:
 // from the ones mapped (when the owner confirmed this handle's key,
 // address and size for it), or asked for now.
@@ -651,19 +669,54 @@ func (l *memLink) sweep() {
 }
 
 // close drops every mapping (ops using one keep it until they end) and
-// the connection.
+// the connection. The generations and use pages and the pidfd go when no
+// op holds the link any more (free).
 func (l *memLink) close() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.done.Store(true)
 	for id, mm := range l.maps {
 		delete(l.maps, id)
 		mm.unref()
 	}
 	_ = l.conn.Close()
-	// The generations and the use page stay mapped, and the pidfd open:
-	// an op may be between its check and its mark. They are small; they
-	// go with the process.
+	l.mu.Unlock()
+	if l.users.Load() == 0 {
+		l.free()
+	}
+}
+
+// hold counts an op as a user of the link's pages and pidfd, unless the
+// link is done: it then reports false, and the op must not touch them
+// (they may be gone). Every hold that reports true is ended by a drop.
+func (l *memLink) hold() bool {
+	l.users.Add(1)
+	if l.done.Load() {
+		l.drop()
+		return false
+	}
+	return true
+}
+
+// drop ends a hold; the last user of a done link frees it. (Done is set
+// before close looks at the count, and an op holds before it looks at
+// done: one of the two sees the other and frees.)
+func (l *memLink) drop() {
+	if l.users.Add(-1) == 0 && l.done.Load() {
+		l.free()
+	}
+}
+
+// free unmaps the generations and use pages and closes the pidfd, once.
+// A link that ended keeps nothing of the owner's then: a long-lived
+// process reaches any number of owners over its life.
+func (l *memLink) free() {
+	l.freeOnce.Do(func() {
+		mem.Unmap(l.gm)
+		mem.Unmap(l.page)
+		if l.pidfd >= 0 {
+			_ = unix.Close(l.pidfd)
+		}
+	})
 }
 
 // prepareMem checks a mem op against the owner's generation of the
@@ -671,19 +724,25 @@ func (l *memLink) close() {
 // found to the owner (the owner checked the handle's key, address and
 // size when it shared the file).
 func (m *Manager) prepareMem(o *opSpec, l *memLink) error {
+	if !l.hold() {
+		return fmt.Errorf("%s: %w", o.op, l.endedErrUnheld())
+	}
 	g := o.ep.guard // matchesPeer bounded its slot
 	if l.gen(g.slot) != g.gen {
+		l.drop()
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, o.remote.id)
 	}
 	mm, err := l.get(&o.remote, o.ep)
 	if err != nil {
+		l.drop()
 		return fmt.Errorf("%s: %w", o.op, err)
 	}
 	if o.op == progress.Write && !mm.writable {
 		mm.unref()
+		l.drop()
 		return fmt.Errorf("%s: %w: the owner shared buffer %d read-only", o.op, ErrAccessDenied, o.remote.id)
 	}
-	o.link, o.mm = l, mm
+	o.link, o.mm = l, mm // o holds l until releaseOps
 	return nil
 }
 

@@ -310,6 +310,11 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 	var checks []guardCheck
 	defer func() {
 		if pooled != nil {
+			for _, c := range checks {
+				if c.link != nil {
+					c.link.drop() // shmCheckKept's hold
+				}
+			}
 			clear(checks)
 			*pooled = checks[:0]
 			guardChecks.Put(pooled)
@@ -571,6 +576,10 @@ func releaseOps(ops []opSpec) {
 		if o.mm != nil {
 			o.mm.unref()
 			o.mm = nil
+		}
+		if o.link != nil {
+			o.link.drop() // prepareMem's hold
+			o.link = nil
 		}
 	}
 }
