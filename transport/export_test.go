@@ -57,9 +57,10 @@ func EntryKept(m *Manager, h RemoteBuffer) bool {
 	p.memMu.Lock()
 	l := p.link
 	p.memMu.Unlock()
-	if l == nil || l.done.Load() {
+	if l == nil || !l.hold() {
 		return false
 	}
+	defer l.drop()
 	for i := range h.eps {
 		if g := h.eps[i].guard; g != nil && int(g.slot) < len(l.gens) {
 			var entry [guardEntrySize]byte

@@ -578,7 +578,7 @@ func (l *memLink) endedErr() error {
 
 // endedErrUnheld is endedErr for an op that found l done before it held
 // it: its pidfd and lifeline may be gone, so /proc says whether the owner
-// exited.
+// exited (or the owner's side ended the verified connection: gone).
 func (l *memLink) endedErrUnheld() error {
 	if gone, _ := proc.Gone(l.owner.pid); gone || l.owner.gone.Load() {
 		e := peerGone(l.owner.pid)
@@ -706,9 +706,10 @@ func (l *memLink) drop() {
 	}
 }
 
-// free unmaps the generations and use pages and closes the pidfd, once.
-// A link that ended keeps nothing of the owner's then: a long-lived
-// process reaches any number of owners over its life.
+// free unmaps the generations and use pages and closes the pidfd, once:
+// a long-lived process reaches any number of owners over its life. (The
+// buffers' mappings go in close; a link a failed request ended keeps
+// them until the next op replaces it or the owner's connection ends.)
 func (l *memLink) free() {
 	l.freeOnce.Do(func() {
 		mem.Unmap(l.gm)
