@@ -69,6 +69,12 @@ const (
 	// announceWake is what it writes there when an shm op begins after
 	// an idle spell (wakeOwner).
 	announceWake = 'W'
+	// announceReverify is what an owner writes on its peers' connections
+	// just before it ends them to be verified again (dropPeers, when it
+	// replaced its shm endpoint): it lives, and ops in flight toward it
+	// fail as nothing moved, not as gone. The kernel still decides
+	// whether it lives (memLink.alive, and the next verification).
+	announceReverify = 'R'
 )
 
 // firstOpGrace is how long an owner's shm loop polls for any peer that
@@ -202,8 +208,9 @@ func (p *sameNodePeer) wakeOwner(at time.Time) {
 const wakeAfter = progress.DefaultSpin / 2
 
 var (
-	wakeMsg    = []byte{announceWake}
-	clockStart = time.Now() // wakeOwner's clock: monotonic
+	wakeMsg     = []byte{announceWake}
+	reverifyMsg = []byte{announceReverify}
+	clockStart  = time.Now() // wakeOwner's clock: monotonic
 )
 
 // endAnnouncement closes the announcement with the verified connection.
@@ -468,6 +475,13 @@ func (v *verifier) dropPeers() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for c := range v.conns {
+		// Without waiting: a peer that reads nothing must not hold this
+		// up. One that misses the byte takes the end for the owner's.
+		if rc, err := c.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) {
+				_ = unix.Send(int(fd), reverifyMsg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			})
+		}
 		_ = c.Close()
 	}
 }
@@ -594,16 +608,20 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 		return nil, peerGone(v.gonePID)
 	case v.err != nil:
 		return nil, v.err
-	case !v.peer.gone.Load():
+	case !v.peer.gone.Load() && !v.peer.replaced.Load():
 		return v.peer, nil
 	}
 	// The owner's side ended: it exited, closed its manager, or replaced
-	// its shm endpoint and wants peers to verify again.
+	// its shm endpoint and wants peers to verify again (replaced).
 	m.verified.mu.Lock()
 	again := m.verified.byID[owner]
 	if again == v {
-		again = &verification{}
-		m.verified.byID[owner] = again
+		delete(m.verified.byID, owner)
+	}
+	if again == nil || again == v {
+		// (nil: reverify or evict took v out, and the new verification
+		// is not in yet: this op starts it, or meets it.)
+		again = m.verified.entry(owner)
 	}
 	m.verified.mu.Unlock()
 	again.once.Do(func() { m.verify(again, owner, v.peer.pid) })
@@ -715,23 +733,37 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	p.pid = pid
-	go func() {
-		var b [1]byte
-		_, _ = c.Read(b[:]) // returns when the owner's side ends, or this manager's (replaced)
-		p.endAnnouncement()
-		if p.replaced.Load() {
-			// This manager ended it, and its word is no sign that the
-			// owner died: ops on the link finish, or find it ended
-			// before they copied (memLinkEnded: nothing moved), and the
-			// next op takes the new verification's.
-			p.closeMem()
-			return
-		}
-		p.gone.Store(true)
-		p.closeMem()
-		onGone(p)
-	}()
+	go p.watch(c, onGone)
 	return p, nil
+}
+
+// watch waits for the end of the verified connection c to p and says
+// what it means: the owner's side ended it (it closed its manager or
+// exited: gone), or asked to be verified again first (announceReverify),
+// or this manager ended it (replaced). forget releases what shm holds
+// for the owner's shm address (forgetSameNode), which only this manager's
+// own ending leaves valid.
+func (p *sameNodePeer) watch(c *net.UnixConn, forget func(*sameNodePeer)) {
+	var b [1]byte
+	n, _ := c.Read(b[:]) // returns when either side ends it, or with the owner's announceReverify
+	_ = c.Close()
+	p.endAnnouncement()
+	if n == 1 && b[0] == announceReverify {
+		p.replaced.Store(true) // before the links end: ops that meet them ask the kernel
+	}
+	if p.replaced.Load() {
+		// Not a sign that the owner died: ops on the link finish, or
+		// find it ended before they copied (memLinkEnded: nothing
+		// moved), and the next op verifies the owner again.
+		p.closeMem()
+		if n == 1 && b[0] == announceReverify {
+			forget(p) // its old shm endpoint
+		}
+		return
+	}
+	p.gone.Store(true)
+	p.closeMem()
+	forget(p)
 }
 
 // forgetSameNode releases what shm holds for an owner that is gone: the
