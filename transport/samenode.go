@@ -35,7 +35,9 @@ import (
 // process of its own uid that is not itself, and takes from that
 // connection — not from the handle — the owner's guard table location and
 // shm endpoint name. The connection stays open: when the owner closes its
-// manager or dies, it ends, and the peer is no longer verified.
+// manager or dies, it ends, and the peer is no longer verified. An owner
+// that replaced its shm endpoint writes announceReverify on it before it
+// ends it: the peer verifies it again, and does not take it for gone.
 //
 // Before its first shm op toward the owner, the peer opens a second
 // connection and writes announceShm on it, and keeps it open as long as
