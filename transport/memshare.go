@@ -631,7 +631,9 @@ func (l *memLink) get(r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
 		// is a handle that is no longer its buffer's, or was altered.
 		return nil, fmt.Errorf("%w: buffer %d: %v", ErrStaleHandle, r.id, err)
 	case err != nil:
-		return nil, fmt.Errorf("mem route to process %d: %w", l.owner.pid, err)
+		// ask ended the link: the kernel says whether the owner lives
+		// (nothing moved, retryable) or is gone.
+		return nil, fmt.Errorf("mem route to process %d: %v: %w", l.owner.pid, err, l.endedErr())
 	case size != r.size:
 		_ = unix.Close(fds[0])
 		return nil, fmt.Errorf("%w: the owner's buffer %d holds %d bytes, the handle says %d", ErrStaleHandle, r.id, size, r.size)

@@ -65,6 +65,9 @@ func TestMemLinkEndsOutOfStep(t *testing.T) {
 	ep := func(slot uint32) *remoteEP { return &remoteEP{key: 7, base: 8, guard: &guardRef{slot: slot, gen: 1}} }
 	_, err = l.get(&RemoteBuffer{id: 1, size: size, n: size, access: mr.ReadWrite}, ep(1))
 	require.Error(t, err, "the answer came after the deadline")
+	// The owner lives: nothing moved, and the next op dials again.
+	require.NotErrorIs(t, err, ErrPeerGone)
+	require.True(t, Retryable(err), "%v", err)
 	mm, err := l.get(&RemoteBuffer{id: 2, size: size, n: size, access: mr.ReadWrite}, ep(2))
 	if err == nil {
 		require.Equal(t, "BBBB buffer 2", string(mm.b[:13]), "buffer 2's mapping is another buffer's file")

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -476,7 +477,7 @@ func (v *verifier) deathCount() uint64 {
 func (v *verifier) dropPeers() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for c := range v.conns {
+	for c, p := range v.conns {
 		// Without waiting: a peer that reads nothing must not hold this
 		// up. One that misses the byte takes the end for the owner's.
 		if rc, err := c.SyscallConn(); err == nil {
@@ -485,6 +486,13 @@ func (v *verifier) dropPeers() {
 			})
 		}
 		_ = c.Close()
+		// Untracked here: its serving goroutine must not count the end
+		// as the peer's death (takeDeaths), which would mark the peer's
+		// new connections dead too, and miss its real death later.
+		if p.pidfd >= 0 {
+			_ = unix.Close(p.pidfd)
+		}
+		delete(v.conns, c)
 	}
 }
 
@@ -613,24 +621,31 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	case !v.peer.gone.Load() && !v.peer.replaced.Load():
 		return v.peer, nil
 	}
-	// The owner's side ended: it exited, closed its manager, or replaced
-	// its shm endpoint and wants peers to verify again (replaced).
+	// The owner's side ended: it exited or closed its manager (gone), or
+	// it replaced its shm endpoint and wants peers to verify it again, or
+	// this manager did (replaced). entry takes the verification that
+	// replaced v, or starts one (reverify or evict may have taken v out
+	// before putting the next in).
 	m.verified.mu.Lock()
-	again := m.verified.byID[owner]
-	if again == v {
+	if m.verified.byID[owner] == v {
 		delete(m.verified.byID, owner)
 	}
-	if again == nil || again == v {
-		// (nil: reverify or evict took v out, and the new verification
-		// is not in yet: this op starts it, or meets it.)
-		again = m.verified.entry(owner)
-	}
+	again := m.verified.entry(owner)
 	m.verified.mu.Unlock()
-	again.once.Do(func() { m.verify(again, owner, v.peer.pid) })
-	if again.gonePID != 0 {
-		return nil, peerGone(again.gonePID)
+	gone := v.peer.gone.Load()
+	gonePID := 0
+	if gone {
+		gonePID = v.peer.pid // an owner that answered before and no longer does is gone
 	}
-	if again.err != nil || again.peer.gone.Load() {
+	again.once.Do(func() { m.verify(again, owner, gonePID) })
+	switch {
+	case again.gonePID != 0:
+		return nil, peerGone(again.gonePID)
+	case again.err != nil && gone:
+		return nil, peerGone(v.peer.pid)
+	case again.err != nil:
+		return nil, again.err // a replaced owner's failure passes, as any verification's
+	case again.peer.gone.Load():
 		return nil, peerGone(v.peer.pid)
 	}
 	return again.peer, nil
@@ -719,6 +734,12 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	_ = c.SetReadDeadline(time.Now().Add(verifyTimeout))
 	b := make([]byte, proofMaxSize+1)
 	n, err := c.Read(b)
+	if err == nil && n == 1 && b[0] == announceReverify || errors.Is(err, io.EOF) {
+		// It ended this connection before its proof: it is verifying
+		// its peers again (dropPeers), or closing. A failure that passes.
+		_ = c.Close()
+		return nil, fmt.Errorf("%w (process %d ended the connection before its proof)", errNoAnswer, cred.Pid)
+	}
 	if err != nil {
 		return fail("process %d did not answer: %v", cred.Pid, err)
 	}

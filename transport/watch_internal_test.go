@@ -76,3 +76,60 @@ func seqpacketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
 	}
 	return conn(fds[0]), conn(fds[1])
 }
+
+// TestDropPeersIsNoDeath: the connections an owner ends to have its peers
+// verify it again are untracked first, so that their end is not counted
+// as a peer's death (which would mark the peer's next connections dead
+// too).
+func TestDropPeersIsNoDeath(t *testing.T) {
+	peerSide, ownerSide := seqpacketPair(t)
+	v := &verifier{conns: map[*net.UnixConn]*verifiedPeer{ownerSide: {pid: os.Getpid(), pidfd: -1}}}
+	v.dropPeers()
+	require.Empty(t, v.conns)
+	require.Zero(t, v.takeDeaths(ownerSide), "a dropped connection counted as a death")
+	var b [1]byte
+	n, err := peerSide.Read(b[:])
+	require.NoError(t, err)
+	require.Equal(t, []byte{announceReverify}, b[:n], "what the peer reads before the end")
+}
+
+// TestVerifyReplacedOwnerAgain: an owner whose verification this manager
+// or the owner itself ended (replaced) is verified again, and a failure
+// of that verification that passes (no answer) is that failure, not
+// ErrPeerGone; an owner whose side ended the connection (gone) that no
+// longer answers is gone.
+func TestVerifyReplacedOwnerAgain(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		gone     bool
+		wantGone bool
+	}{
+		{"replaced", false, false},
+		{"gone", true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			owner := newManagerID() // nobody listens for it: verification finds no answer
+			old := &sameNodePeer{pid: os.Getpid(), owner: owner}
+			old.replaced.Store(!tt.gone)
+			old.gone.Store(tt.gone)
+			v := &verification{peer: old}
+			v.once.Do(func() {})
+			v.done.Store(true)
+			m := &Manager{}
+			m.verified.byID = map[ID]*verification{owner: v}
+			_, err := m.sameNodePeer(owner)
+			require.Error(t, err)
+			if tt.wantGone {
+				require.ErrorIs(t, err, ErrPeerGone)
+				return
+			}
+			require.NotErrorIs(t, err, ErrPeerGone)
+			require.ErrorIs(t, err, errNoAnswer)
+			m.verified.mu.Lock()
+			again := m.verified.byID[owner]
+			m.verified.mu.Unlock()
+			require.NotSame(t, v, again, "the replaced verification is still the table's")
+			require.False(t, again.expires.IsZero(), "a failure that passes must expire")
+		})
+	}
+}
