@@ -568,19 +568,21 @@ func (l *memLink) alive() bool {
 // otherwise this manager ended the link (a failed request, or it
 // verified the owner again) while the owner lives, and nothing moved.
 func (l *memLink) endedErr() error {
-	if l.owner.gone.Load() || !l.alive() {
-		e := peerGone(l.owner.pid)
-		e.Provider = mem.Name
-		return e
-	}
-	return &memLinkEnded{pid: l.owner.pid}
+	return l.endedAs(l.owner.gone.Load() || !l.alive())
 }
 
 // endedErrUnheld is endedErr for an op that found l done before it held
 // it: its pidfd and lifeline may be gone, so /proc says whether the owner
 // exited (or the owner's side ended the verified connection: gone).
 func (l *memLink) endedErrUnheld() error {
-	if gone, _ := proc.Gone(l.owner.pid); gone || l.owner.gone.Load() {
+	exited, _ := proc.Gone(l.owner.pid)
+	return l.endedAs(exited || l.owner.gone.Load())
+}
+
+// endedAs is the error of an op that found l ended: ErrPeerGone when the
+// owner is gone, else nothing moved (memLinkEnded).
+func (l *memLink) endedAs(gone bool) error {
+	if gone {
 		e := peerGone(l.owner.pid)
 		e.Provider = mem.Name
 		return e

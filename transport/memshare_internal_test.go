@@ -2,7 +2,6 @@ package transport
 
 import (
 	"errors"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -30,18 +29,7 @@ func TestMemLinkEndsOutOfStep(t *testing.T) {
 	defer mr.Free(bufB)
 	copy(bufA, "AAAA buffer 1")
 	copy(bufB, "BBBB buffer 2")
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "sock")
-		c, err := net.FileConn(f)
-		require.NoError(t, err)
-		f.Close()
-		return c.(*net.UnixConn)
-	}
-	ini, own := conn(pair[0]), conn(pair[1])
-	defer ini.Close()
-	defer own.Close()
+	ini, own := seqpacketPair(t)
 	go func() { // the owner answers in order, the first answer late
 		b := make([]byte, 64)
 		for i := 0; ; i++ {
