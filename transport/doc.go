@@ -97,10 +97,12 @@
 // peer (nothing listens: ErrPeerGone). An op posted to a connection
 // already lost to an owner that still listens (the next ones after a
 // refusal, until rxm reconnects) is posted again until it reaches the new
-// connection; one still failing so has no class and is retryable. So is a
-// mem op that found its link to a live owner ended before it copied
-// (another op's request on the link failed, or this manager verified the
-// owner again): nothing moved, and the next op dials again. On efa
+// connection; one still failing so has no class and is retryable. A mem
+// op that finds its link to a live owner ended before it copied (another
+// op's request on the link failed, this manager verified the owner again,
+// or the owner replaced its shm endpoint) moved nothing and is routed
+// again within its request, twice at most; one that still finds it so
+// fails retryable, and the next op dials again. On efa
 // only error numbers whose meaning is unambiguous have a class: an
 // unreachable or unknown peer (prov_errno 13, 14, 15) is a setup or
 // network problem, not a dead one.

@@ -112,7 +112,8 @@ var final = []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange,
 // err is (or holds) a timeout (ErrTimeout), or a transient provider error
 // — the provider was busy (FI_EAGAIN), or a connection to a peer that
 // still listens dropped — or a mem op whose link to a live owner ended
-// before it copied (nothing moved; the next op dials again), and nothing
+// before it copied, again after its request routed it anew (nothing
+// moved; the next op dials again), and nothing
 // in it says a retry cannot help: a
 // peer gone, a stale or altered handle, access denied, out of range, a
 // canceled context, a closed manager or buffer, bad input, a blocked or

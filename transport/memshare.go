@@ -790,6 +790,9 @@ func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, 
 		o.copied = false
 		err := o.memErr
 		o.memErr = nil
+		if linkEnded(err) {
+			err = m.redoMem(lim, o, err)
+		}
 		if err == nil {
 			if o.link != last {
 				last, lastAlive = o.link, o.link.alive()
@@ -804,6 +807,68 @@ func (m *Manager) runMem(lim route.Limit, ops []opSpec, errs []error) ([]error, 
 		}
 	}
 	return errs, failed
+}
+
+// memRedos is how many times one request routes a mem op again after
+// its link ended with the owner alive (memLinkEnded, nothing moved): this
+// manager verifying the owner again (reverify, evict), or the owner
+// replacing its shm endpoint, is no failure of the caller's request.
+const memRedos = 2
+
+// takeMem takes o's link and mapping on rt, a mem route (prepareMem), and
+// remembers the route in the handle when it is settled. When the link
+// ended meanwhile with the owner alive, it routes the handle again, up
+// to memRedos times, for the new verification's link; it returns that
+// error when the handle no longer routes over mem (the next request takes
+// the other route).
+func (m *Manager) takeMem(o *opSpec, rt routed) error {
+	for redo := 0; ; redo++ {
+		err := m.prepareMem(o, rt.link)
+		switch {
+		case err == nil:
+			if rt.settled {
+				keepMemo(m, o)
+			}
+			return nil
+		case !linkEnded(err) || redo == memRedos:
+			return err
+		}
+		next, rerr := m.route(&o.remote, o.pin)
+		switch {
+		case rerr != nil:
+			return fmt.Errorf("%s: %w", o.op, rerr)
+		case next.kind != route.Mem:
+			return err
+		}
+		rt, o.peer, o.ep = next, next.peer, next.ep
+	}
+}
+
+// redoMem is takeMem for an op whose copy found its link ended (err, a
+// memLinkEnded): it routes o again and copies over the new link, up to
+// memRedos times, unless the request's context ended. It returns the
+// op's error.
+func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
+	for redo := 0; redo < memRedos && linkEnded(err) && lim.Ctx.Err() == nil; redo++ {
+		o.link.drop() // prepareMem's hold
+		o.link = nil
+		rt, rerr := m.route(&o.remote, o.pin)
+		switch {
+		case rerr != nil:
+			return fmt.Errorf("%s: %w", o.op, rerr)
+		case rt.kind != route.Mem:
+			return err
+		}
+		o.peer, o.ep = rt.peer, rt.ep
+		if err = m.takeMem(o, rt); err != nil {
+			return err
+		}
+		mm := o.mm
+		o.mm = nil // memOne lets go of it
+		err = m.memOne(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
+			mm.b[o.remote.off:o.remote.off+o.remote.n], o.link, mm, o.ep.guard, o.peer, o.remote.id)
+	}
+	return err
 }
 
 // memOne is runMem for a request of one op, copying local to or from

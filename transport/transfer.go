@@ -378,11 +378,8 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 				return err
 			}
 		case o.kind == route.Mem:
-			if err := m.prepareMem(o, rt.link); err != nil {
+			if err := m.takeMem(o, rt); err != nil {
 				return err
-			}
-			if rt.settled {
-				keepMemo(m, o)
 			}
 		case b.Scratch != nil:
 			if ep.guard == nil {
