@@ -145,9 +145,13 @@ func (mm *memMap) tryRef() bool {
 	}
 }
 
-// linkEnded reports whether err is a memLinkEnded: a function of its own,
-// so that the target errors.As needs is allocated only for an error.
+// linkEnded reports whether err is a memLinkEnded. The target errors.As
+// needs is allocated where it is declared, so a nil err (every op that
+// worked) answers before it.
 func linkEnded(err error) bool {
+	if err == nil {
+		return false
+	}
 	var ended *memLinkEnded
 	return errors.As(err, &ended)
 }
