@@ -227,13 +227,23 @@ type Peer struct {
 	name string // printable
 	drop *drop  // tcp: its last dropped connection
 	uses atomic.Int32
+	// forget: Forget found p in use; the last use's Done forgets it.
+	forget atomic.Bool
+	r      *Route
 }
 
 // Name is the peer's address, printable.
 func (p *Peer) Name() string { return p.name }
 
-// Done ends a use of p (see Route.Peer).
-func (p *Peer) Done() { p.uses.Add(-1) }
+// Done ends a use of p (see Route.Peer). The last use of a peer that
+// Forget found in use forgets it, on a goroutine of its own: Done may run
+// inside the loop (an Xfer that went idle), where Forget's Do would wait
+// for itself.
+func (p *Peer) Done() {
+	if p.uses.Add(-1) == 0 && p.forget.Load() {
+		go p.r.Forget(p.raw)
+	}
+}
 
 // Peer returns a peer endpoint, inserting it into the address vector (on
 // the loop goroutine) the first time. It counts a use of it: the caller
@@ -264,7 +274,7 @@ func (r *Route) Peer(name []byte) (*Peer, error) {
 			return
 		}
 		raw := append([]byte(nil), name...)
-		p = &Peer{addr: addr, raw: raw, name: r.Addr(raw), drop: new(drop)}
+		p = &Peer{addr: addr, raw: raw, name: r.Addr(raw), drop: new(drop), r: r}
 		p.uses.Add(1)
 		r.peers[string(name)] = p
 	}); derr != nil {
@@ -277,15 +287,23 @@ func (r *Route) Peer(name []byte) (*Peer, error) {
 }
 
 // Forget removes a peer from the address vector (which releases what the
-// provider holds for it: shm's mapping of its region, rxm's connection),
-// unless an Xfer holds its address: an op posted to a removed address
-// crashes libfabric. Insertion and removal both happen inside the loop's
-// Do, so a peer found in the map is always inserted.
+// provider holds for it: shm's mapping of its region, rxm's connection).
+// While an Xfer holds its address it waits for the last use to end: an op
+// posted to a removed address crashes libfabric. Insertion and removal
+// both happen inside the loop's Do, so a peer found in the map is always
+// inserted.
 func (r *Route) Forget(name []byte) {
 	_ = r.loop.Do(func() {
 		r.mu.Lock()
 		p := r.peers[string(name)]
-		if p == nil || p.uses.Load() > 0 {
+		if p == nil {
+			r.mu.Unlock()
+			return
+		}
+		// The mark before the look at the uses: a Done between the two
+		// sees the mark and forgets the peer itself.
+		p.forget.Store(true)
+		if p.uses.Load() > 0 {
 			r.mu.Unlock()
 			return
 		}

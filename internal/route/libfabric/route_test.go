@@ -94,8 +94,8 @@ func TestXferMovesBytes(t *testing.T) {
 }
 
 // TestPeers: a peer is inserted once and counted per use; Forget leaves
-// a peer an Xfer still uses; AddPeer's count (Add, Unadd) forgets it with
-// its last undo only.
+// a peer an Xfer still uses until its last use ends; AddPeer's count
+// (Add, Unadd) forgets it with its last undo only.
 func TestPeers(t *testing.T) {
 	a, b := open(t, fabric.BackendTCP), open(t, fabric.BackendTCP)
 	p1, err := a.Peer(b.EndpointName())
@@ -106,13 +106,26 @@ func TestPeers(t *testing.T) {
 	assert.Equal(t, int32(2), p1.uses.Load())
 	assert.Equal(t, b.Address(), p1.Name())
 
+	known := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.peers[string(b.EndpointName())] != nil
+	}
 	a.Forget(b.EndpointName())
 	p3, err := a.Peer(b.EndpointName())
 	require.NoError(t, err)
 	assert.Same(t, p1, p3, "in use: not forgotten")
 	p1.Done()
 	p2.Done()
+	assert.True(t, known(), "one use left: not forgotten")
 	p3.Done()
+	require.Eventually(t, func() bool { return !known() }, 5*time.Second, time.Millisecond,
+		"the last use of a peer Forget found in use forgets it")
+	p1, err = a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	assert.NotSame(t, p3, p1, "inserted anew")
+	p1.Done()
+	assert.True(t, known(), "a peer nobody forgot stays after its last use")
 
 	a.Add(b.EndpointName())
 	a.Add(b.EndpointName())
