@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -820,8 +821,8 @@ const memRedos = 2
 // ended meanwhile with the owner alive, it routes the handle again, up
 // to memRedos times, for the new verification's link; it returns that
 // error when the handle no longer routes over mem (the next request takes
-// the other route).
-func (m *Manager) takeMem(o *opSpec, rt routed) error {
+// the other route), or when the request's context or deadline ended.
+func (m *Manager) takeMem(ctx context.Context, o *opSpec, rt routed) error {
 	for redo := 0; ; redo++ {
 		err := m.prepareMem(o, rt.link)
 		switch {
@@ -830,7 +831,7 @@ func (m *Manager) takeMem(o *opSpec, rt routed) error {
 				keepMemo(m, o)
 			}
 			return nil
-		case !linkEnded(err) || redo == memRedos:
+		case !linkEnded(err) || redo == memRedos || ctx.Err() != nil || pastDeadline(ctx):
 			return err
 		}
 		next, rerr := m.route(&o.remote, o.pin)
@@ -846,10 +847,10 @@ func (m *Manager) takeMem(o *opSpec, rt routed) error {
 
 // redoMem is takeMem for an op whose copy found its link ended (err, a
 // memLinkEnded): it routes o again and copies over the new link, up to
-// memRedos times, unless the request's context ended. It returns the
-// op's error.
+// memRedos times, unless the request's context or deadline ended. It
+// returns the op's error.
 func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
-	for redo := 0; redo < memRedos && linkEnded(err) && lim.Ctx.Err() == nil; redo++ {
+	for redo := 0; redo < memRedos && linkEnded(err) && !limitEnded(lim); redo++ {
 		o.link.drop() // prepareMem's hold
 		o.link = nil
 		rt, rerr := m.route(&o.remote, o.pin)
@@ -860,7 +861,7 @@ func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
 			return err
 		}
 		o.peer, o.ep = rt.peer, rt.ep
-		if err = m.takeMem(o, rt); err != nil {
+		if err = m.takeMem(lim.Ctx, o, rt); err != nil {
 			return err
 		}
 		mm := o.mm
@@ -869,6 +870,16 @@ func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
 			mm.b[o.remote.off:o.remote.off+o.remote.n], o.link, mm, o.ep.guard, o.peer, o.remote.id)
 	}
 	return err
+}
+
+// limitEnded reports whether the request's context or deadline ended. A
+// request of copies has no deadline of its own (lim.Deadline is zero, see
+// copiesOnly): its context's counts then.
+func limitEnded(lim route.Limit) bool {
+	if lim.Deadline.IsZero() {
+		return lim.Ctx.Err() != nil || pastDeadline(lim.Ctx)
+	}
+	return lim.Err() != nil
 }
 
 // memOne is runMem for a request of one op, copying local to or from

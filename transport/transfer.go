@@ -378,7 +378,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 				return err
 			}
 		case o.kind == route.Mem:
-			if err := m.takeMem(o, rt); err != nil {
+			if err := m.takeMem(ctx, o, rt); err != nil {
 				return err
 			}
 		case b.Scratch != nil:
