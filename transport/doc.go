@@ -101,8 +101,9 @@
 // op that finds its link to a live owner ended before it copied (another
 // op's request on the link failed, this manager verified the owner again,
 // or the owner replaced its shm endpoint) moved nothing and is routed
-// again within its request, twice at most; one that still finds it so
-// fails retryable, and the next op dials again. On efa
+// again within its request, twice at most and while the request's
+// context and deadline last; one that still finds it so fails
+// retryable, and the next op dials again. On efa
 // only error numbers whose meaning is unambiguous have a class: an
 // unreachable or unknown peer (prov_errno 13, 14, 15) is a setup or
 // network problem, not a dead one.

@@ -818,51 +818,66 @@ const memRedos = 2
 
 // takeMem takes o's link and mapping on rt, a mem route (prepareMem), and
 // remembers the route in the handle when it is settled. When the link
-// ended meanwhile with the owner alive, it routes the handle again, up
-// to memRedos times, for the new verification's link; it returns that
-// error when the handle no longer routes over mem (the next request takes
-// the other route), or when the request's context or deadline ended.
+// ended meanwhile with the owner alive, it routes the handle again
+// (rerouteMem) for the new verification's link.
 func (m *Manager) takeMem(ctx context.Context, o *opSpec, rt routed) error {
-	for redo := 0; ; redo++ {
+	for {
 		err := m.prepareMem(o, rt.link)
-		switch {
-		case err == nil:
+		if err == nil {
 			if rt.settled {
 				keepMemo(m, o)
 			}
 			return nil
-		case !linkEnded(err) || redo == memRedos || ctx.Err() != nil || pastDeadline(ctx):
+		}
+		if rt, err = m.rerouteMem(o, err, ctx.Err() != nil || pastDeadline(ctx)); err != nil {
 			return err
 		}
-		next, rerr := m.route(&o.remote, o.pin)
-		switch {
-		case rerr != nil:
-			return fmt.Errorf("%s: %w", o.op, rerr)
-		case next.kind != route.Mem:
-			return err
-		}
-		rt, o.peer, o.ep = next, next.peer, next.ep
 	}
 }
 
-// redoMem is takeMem for an op whose copy found its link ended (err, a
-// memLinkEnded): it routes o again and copies over the new link, up to
-// memRedos times, unless the request's context or deadline ended. It
-// returns the op's error.
+// rerouteMem routes o's handle again after err, when err says its link
+// ended with the owner alive (memLinkEnded), and returns the new mem
+// route. It returns the op's error instead when err is another, when the
+// op was routed again memRedos times already, when its request's context
+// or deadline ended (ended), or when the handle no longer routes over mem
+// (the next request takes the other route). Under the manager's hold.
+func (m *Manager) rerouteMem(o *opSpec, err error, ended bool) (routed, error) {
+	if !linkEnded(err) || o.redos == memRedos || ended {
+		return routed{}, err
+	}
+	o.redos++
+	rt, rerr := m.route(&o.remote, o.pin)
+	if rt.gone != nil {
+		rt.gone.Op = o.op
+	}
+	switch {
+	case rerr != nil:
+		return rt, fmt.Errorf("%s: %w", o.op, rerr)
+	case rt.kind != route.Mem:
+		return rt, err
+	}
+	o.peer, o.ep = rt.peer, rt.ep
+	return rt, nil
+}
+
+// redoMem is takeMem for an op whose copy found its link ended (err): it
+// routes o again and copies over the new link. It returns the op's error.
+// It runs after the request let go of the manager, and holds it again
+// while it routes: a manager that closed verifies nobody again.
 func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
-	for redo := 0; redo < memRedos && linkEnded(err) && !limitEnded(lim); redo++ {
+	for linkEnded(err) {
+		if m.acquire() != nil {
+			return fmt.Errorf("%s over %s: %w", o.op, mem.Name, ErrClosed)
+		}
 		o.link.drop() // prepareMem's hold
 		o.link = nil
-		rt, rerr := m.route(&o.remote, o.pin)
-		switch {
-		case rerr != nil:
-			return fmt.Errorf("%s: %w", o.op, rerr)
-		case rt.kind != route.Mem:
-			return err
+		rt, rerr := m.rerouteMem(o, err, limitEnded(lim))
+		if rerr == nil {
+			rerr = m.takeMem(lim.Ctx, o, rt)
 		}
-		o.peer, o.ep = rt.peer, rt.ep
-		if err = m.takeMem(lim.Ctx, o, rt); err != nil {
-			return err
+		m.releaseManager()
+		if rerr != nil {
+			return rerr
 		}
 		mm := o.mm
 		o.mm = nil // memOne lets go of it

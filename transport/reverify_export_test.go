@@ -2,7 +2,15 @@ package transport
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
 	"slices"
+	"time"
+
+	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // OtherShmAddress is a copy of h whose shm endpoint names another
@@ -78,4 +86,50 @@ func VerifiedMemLink(m *Manager, h RemoteBuffer) (ended func() bool, ok bool) {
 		return nil, false
 	}
 	return l.done.Load, true
+}
+
+// RedoAfterClose runs, for a read of h into local, what a request runs
+// when its copy found the mem link ended, but with m closed in between:
+// it prepares the op as the request does, ends the link as a verification
+// of the owner again does (EvictVerifiedOwners), closes m, and then runs
+// the redo. It returns the redo's error and how many owners m holds
+// verified afterwards.
+func RedoAfterClose(m *Manager, local *Buffer, h RemoteBuffer) (redoErr error, verified int, err error) {
+	ctx := context.Background()
+	ops := [1]opSpec{{op: progress.Read, local: view{local.st, local.off, h.Len()}, remote: h}}
+	times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
+	if err := m.acquire(); err != nil {
+		return nil, 0, err
+	}
+	err = m.prepare(ctx, &times, ops[:])
+	m.releaseManager()
+	defer releaseOps(ops[:])
+	o := &ops[0]
+	if err != nil {
+		return nil, 0, err
+	}
+	if o.kind != route.Mem {
+		return nil, 0, fmt.Errorf("the read routes over %v, not mem", o.kind)
+	}
+	o.mm.unref() // as runMem after its copy
+	o.mm = nil
+	EvictVerifiedOwners(m)
+	for deadline := time.Now().Add(10 * time.Second); !o.link.done.Load(); {
+		if time.Now().After(deadline) {
+			return nil, 0, errors.New("the mem link did not end within 10s of the eviction")
+		}
+		runtime.Gosched()
+	}
+	if err := m.Close(); err != nil {
+		return nil, 0, err
+	}
+	redoErr = m.redoMem(route.Limit{Ctx: ctx}, o, &memLinkEnded{pid: o.peer.pid})
+	m.verified.mu.Lock()
+	defer m.verified.mu.Unlock()
+	for _, v := range m.verified.byID {
+		if settled(v) && v.peer != nil {
+			verified++
+		}
+	}
+	return redoErr, verified, nil
 }

@@ -236,3 +236,21 @@ func TestLiveOwnerVerifiedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestRedoAfterCloseVerifiesNobody: a mem op whose link ended is routed
+// again after its request let go of the manager; when the manager closed
+// meanwhile, the op fails with ErrClosed and the manager verifies nobody
+// again (a verification made then would outlive Close: its connection,
+// link, pidfd and mappings).
+func TestRedoAfterCloseVerifiesNobody(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	peer := testpeer.Start(t, testenv.RouteMem)
+	m := newManager(t, transport.WithProviders(testenv.RouteMem))
+	h := peer.Register(4096, mr.ReadWrite, 1)
+	local := register(t, m, alloc(t, 4096), 0)
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, h))
+	redoErr, verified, err := transport.RedoAfterClose(m, local, h)
+	require.NoError(t, err)
+	require.ErrorIs(t, redoErr, transport.ErrClosed)
+	require.Zero(t, verified, "owners verified after Close")
+}

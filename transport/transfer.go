@@ -85,6 +85,7 @@ type opSpec struct {
 	link      *memLink // mem: the route to the owner
 	mm        *memMap  // mem: the buffer's mapping, held for this op
 	copied    bool     // mem: copied; memErr is the copy's error
+	redos     uint8    // mem: routed again after its link ended (memRedos)
 	memErr    error
 	submitted bool
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
