@@ -241,7 +241,7 @@ func (p *Peer) Name() string { return p.name }
 // for itself.
 func (p *Peer) Done() {
 	if p.uses.Add(-1) == 0 && p.forget.Load() {
-		go p.r.Forget(p.raw)
+		go p.r.forget(p.raw, p)
 	}
 }
 
@@ -288,15 +288,19 @@ func (r *Route) Peer(name []byte) (*Peer, error) {
 
 // Forget removes a peer from the address vector (which releases what the
 // provider holds for it: shm's mapping of its region, rxm's connection).
-// While an Xfer holds its address it waits for the last use to end: an op
-// posted to a removed address crashes libfabric. Insertion and removal
-// both happen inside the loop's Do, so a peer found in the map is always
-// inserted.
-func (r *Route) Forget(name []byte) {
+// A peer an Xfer holds is removed when its last use ends (an op posted to
+// a removed address crashes libfabric); one a session added (Add) stays
+// until its last Unadd. Insertion and removal both happen inside the
+// loop's Do, so a peer found in the map is always inserted.
+func (r *Route) Forget(name []byte) { r.forget(name, nil) }
+
+// forget is Forget of name; with only set, of that peer only: a later
+// peer of the same name is another's to forget.
+func (r *Route) forget(name []byte, only *Peer) {
 	_ = r.loop.Do(func() {
 		r.mu.Lock()
 		p := r.peers[string(name)]
-		if p == nil {
+		if p == nil || only != nil && p != only || r.added[string(name)] > 0 {
 			r.mu.Unlock()
 			return
 		}
@@ -320,6 +324,9 @@ func (r *Route) Add(name []byte) {
 		r.added = map[string]int{}
 	}
 	r.added[string(name)]++
+	if p := r.peers[string(name)]; p != nil {
+		p.forget.Store(false) // a Forget while it was in use is undone
+	}
 	r.mu.Unlock()
 }
 

@@ -140,6 +140,35 @@ func TestPeers(t *testing.T) {
 	p5.Done()
 	assert.NotSame(t, p1, p5, "the last undo forgot it: inserted anew")
 	a.Unadd([]byte("never added")) // another session's: left alone
+
+	// A session ends (Unadd) while an op still uses the peer, and the
+	// next session of the same peer adds it before that op ends: the op's
+	// end leaves it to the new session, and so does a Forget meanwhile;
+	// the new session's end forgets it.
+	p6, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	a.Add(b.EndpointName())
+	a.Unadd(b.EndpointName())
+	assert.True(t, p6.forget.Load(), "in use: forgotten at its last use")
+	a.Add(b.EndpointName())
+	assert.False(t, p6.forget.Load(), "added again: no longer forgotten at its last use")
+	p6.Done()
+	a.Forget(b.EndpointName())
+	assert.True(t, known(), "a session holds it: Forget leaves it")
+	p7, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	p7.Done()
+	assert.Same(t, p6, p7)
+	a.Unadd(b.EndpointName())
+	assert.False(t, known(), "the second session's end forgot it")
+
+	// A last use's removal is of its own peer only, not of a later one
+	// of the same name.
+	p8, err := a.Peer(b.EndpointName())
+	require.NoError(t, err)
+	p8.Done()
+	a.forget(b.EndpointName(), p6)
+	assert.True(t, known(), "a later peer of the name stays")
 }
 
 // TestCheckName: names a provider would misread are refused before
