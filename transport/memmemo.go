@@ -14,10 +14,10 @@ import (
 // memMemo is what routing found for a handle on the mem route: the
 // verified owner, the link to it and the buffer's mapping. It is kept in
 // the guard reference of the handle's mem endpoint, which every copy and
-// slice of the handle shares, so that the next ReadInto or WriteFrom on
-// the handle skips the owner, link and mapping lookups, which were most
-// of an 8 B op's time. It is a hint, never a grant: each op checks again
-// all that can change (memFast).
+// slice of the handle shares, so that the next op on the handle (a
+// ReadInto, a WriteFrom, an Action's) skips the owner, link and mapping
+// lookups, which were most of an 8 B op's time. It is a hint, never a
+// grant: each op checks again all that can change (take).
 type memMemo struct {
 	m     *Manager
 	peer  *sameNodePeer
@@ -63,30 +63,8 @@ func keepMemo(m *Manager, o *opSpec) {
 // nothing, for anything else, and the op takes the full path, which finds
 // the route again or explains why there is none.
 func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, local view, r *RemoteBuffer) (bool, error) {
-	if len(r.eps) == 0 {
-		return false, nil
-	}
-	ep := &r.eps[0] // where Register puts a mem endpoint; a handle ordered otherwise takes the full path
-	if ep.guard == nil || ep.provider != mem.Name {
-		return false, nil
-	}
-	var h *memMemo
-	for i := range ep.guard.memo {
-		if mo := ep.guard.memo[i].Load(); mo != nil && mo.m == m {
-			h = mo
-			break
-		}
-	}
-	if h == nil || local.st == nil || local.st.m != m || local.st.iface != mr.Host ||
-		!r.access.Allows(need(op)) || ctx.Err() != nil {
-		return false, nil
-	}
-	g, l, mm := ep.guard, h.link, h.mm
-	if !h.usable() {
-		return false, nil
-	}
-	if mm.gen != g.gen || uint64(len(mm.b)) != r.size || r.off > r.size || r.n > r.size-r.off ||
-		op == progress.Write && !mm.writable {
+	h := m.memo(r)
+	if h == nil || local.st == nil || local.st.m != m || ctx.Err() != nil {
 		return false, nil
 	}
 	if m.acquire() != nil {
@@ -96,31 +74,20 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		m.releaseManager()
 		return false, nil
 	}
-	if !mm.tryRef() {
-		m.releaseManager()
-		local.st.Unref()
-		return false, nil
-	}
+	mm, ok := h.take(op, local.st, r)
 	m.releaseManager()
-	// The link's pages are read only while held: one that ended may be
-	// freed.
-	held := l.hold()
-	if !held || l.gen(g.slot) != g.gen {
-		if held {
-			l.drop()
-		}
-		mm.unref()
+	if !ok {
 		local.st.Unref()
 		return false, nil
 	}
+	l := h.link
 	defer l.drop()
-	h.taken.Add(1)
 	lim := route.Limit{Ctx: ctx}
 	if r.n > route.Piece { // as execute: a copy of one piece never looks at the clock
 		times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
 		lim.Start, lim.Deadline = times.get()
 	}
-	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, g, h.peer, r.id)
+	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, r.eps[0].guard, h.peer, r.id)
 	local.st.Unref()
 	switch {
 	case err == nil:
@@ -129,6 +96,56 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil // nothing moved: the full path dials again
 	}
 	return true, &TransferError{Op: kind, Bytes: r.n, Ops: 1, Failed: 1, Errs: []error{err}}
+}
+
+// memo is m's remembered mem route of the handle r, or nil. Register puts
+// a mem endpoint first; a handle ordered otherwise has none.
+func (m *Manager) memo(r *RemoteBuffer) *memMemo {
+	if len(r.eps) == 0 {
+		return nil
+	}
+	ep := &r.eps[0]
+	if ep.guard == nil || ep.provider != mem.Name {
+		return nil
+	}
+	for i := range ep.guard.memo {
+		if mo := ep.guard.memo[i].Load(); mo != nil && mo.m == m {
+			return mo
+		}
+	}
+	return nil
+}
+
+// take holds the remembered route for an op of op on r from local (held
+// by the caller): it returns the buffer's mapping, held, with the link
+// held too (the caller lets go of both: unref, drop). It reports false,
+// holding nothing, when the route no longer serves the op: the full path
+// then finds it again or explains why there is none. Under the manager's
+// hold: a closed manager's memo serves no op.
+func (mo *memMemo) take(op progress.Op, local *bufState, r *RemoteBuffer) (*memMap, bool) {
+	g, l, mm := r.eps[0].guard, mo.link, mo.mm
+	if local.iface != mr.Host || !r.access.Allows(need(op)) || !mo.usable() {
+		return nil, false
+	}
+	if mm.gen != g.gen || uint64(len(mm.b)) != r.size || r.off > r.size || r.n > r.size-r.off ||
+		op == progress.Write && !mm.writable {
+		return nil, false
+	}
+	if !mm.tryRef() {
+		return nil, false
+	}
+	// The link's pages are read only while held: one that ended may be
+	// freed.
+	held := l.hold()
+	if !held || l.gen(g.slot) != g.gen {
+		if held {
+			l.drop()
+		}
+		mm.unref()
+		return nil, false
+	}
+	mo.taken.Add(1)
+	return mm, true
 }
 
 // tryRef holds mm for an op unless its last holder let go of it (it is

@@ -117,27 +117,44 @@ func TestRememberedMemRoute(t *testing.T) {
 				require.Equal(t, testpeer.Pattern(n, 1), e.peer.Get(0, 0, n))
 			}},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			e := &env{m: newManager(t, transport.WithProviders(testenv.RouteMem)), peer: testpeer.Start(t, testenv.RouteMem)}
-			e.h = e.peer.Register(n, tt.access, 1)
-			e.local = register(t, e.m, alloc(t, n), 0)
-			ctx := ctxTimeout(t, time.Minute)
-			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h)) // finds the route
-			require.Equal(t, int64(0), transport.MemoOps(e.h), "the first read left no memo")
-			require.NoError(t, e.m.ReadInto(ctx, e.local, e.h))
-			require.Equal(t, int64(1), transport.MemoOps(e.h), "the second read did not take the remembered route")
-			clear(e.local.Bytes())
-			opCtx, h, read := tt.change(t, e)
-			var err error
-			if read {
-				err = e.m.ReadInto(opCtx, e.local, h)
-			} else {
-				src, serr := e.local.Slice(0, min(h.Len(), e.local.Len()))
-				require.NoError(t, serr)
-				err = e.m.WriteFrom(opCtx, h, src)
+		// Each case twice: the ops alone (ReadInto, WriteFrom), and each
+		// in an Action of its own.
+		for _, action := range []bool{false, true} {
+			name := tt.name
+			if action {
+				name += " (an Action)"
 			}
-			tt.check(t, e, err)
-		})
+			t.Run(name, func(t *testing.T) {
+				e := &env{m: newManager(t, transport.WithProviders(testenv.RouteMem)), peer: testpeer.Start(t, testenv.RouteMem)}
+				e.h = e.peer.Register(n, tt.access, 1)
+				e.local = register(t, e.m, alloc(t, n), 0)
+				ctx := ctxTimeout(t, time.Minute)
+				do := func(ctx context.Context, h transport.RemoteBuffer, read bool) error {
+					src := e.local
+					if !read {
+						var err error
+						src, err = e.local.Slice(0, min(h.Len(), e.local.Len()))
+						require.NoError(t, err)
+					}
+					switch {
+					case action && read:
+						return e.m.NewAction().ReadInto(e.local, h).Submit(ctx)
+					case action:
+						return e.m.NewAction().WriteFrom(h, src).Submit(ctx)
+					case read:
+						return e.m.ReadInto(ctx, e.local, h)
+					}
+					return e.m.WriteFrom(ctx, h, src)
+				}
+				require.NoError(t, do(ctx, e.h, true)) // finds the route
+				require.Equal(t, int64(0), transport.MemoOps(e.h), "the first read left no memo")
+				require.NoError(t, do(ctx, e.h, true))
+				require.Equal(t, int64(1), transport.MemoOps(e.h), "the second read did not take the remembered route")
+				clear(e.local.Bytes())
+				opCtx, h, read := tt.change(t, e)
+				tt.check(t, e, do(opCtx, h, read))
+			})
+		}
 	}
 }
 

@@ -333,6 +333,13 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 			o.local.st = nil
 			return fmt.Errorf("%s: local %w", o.op, err)
 		}
+		if h := m.memo(&o.remote); h != nil {
+			if mm, ok := h.take(o.op, o.local.st, &o.remote); ok {
+				// The route the handle remembers: held as takeMem holds.
+				o.kind, o.ep, o.peer, o.link, o.mm = route.Mem, &o.remote.eps[0], h.peer, h.link, mm
+				continue
+			}
+		}
 		rt, err := m.route(&o.remote, o.pin)
 		if rt.gone != nil {
 			rt.gone.Op = o.op
