@@ -303,13 +303,23 @@ func copiesOnly(ops []opSpec) bool {
 // prepare takes the local references, routes every op and checks it
 // against the handle and (shm, memcpy) against the owner's own record.
 // Nothing has moved when it fails.
-func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) error {
+func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (err error) {
 	// The checks' slice is pooled, and taken only for a first check: most
 	// requests need none (mem, cma, tcp), and the pool's round was a
 	// twentieth of an 8 B mem op.
 	var pooled *[]guardCheck
 	var checks []guardCheck
+	// reached counts the ops whose local buffer prepare referenced. When it
+	// fails, the ops after them hold no reference, and releaseOps must not
+	// let go of one: the buffer's count would fall below its transfers in
+	// flight, and its Close would not wait for them.
+	reached := 0
 	defer func() {
+		if err != nil {
+			for i := reached; i < len(ops); i++ {
+				ops[i].local.st = nil
+			}
+		}
 		if pooled != nil {
 			for _, c := range checks {
 				if c.link != nil {
@@ -333,6 +343,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) er
 			o.local.st = nil
 			return fmt.Errorf("%s: local %w", o.op, err)
 		}
+		reached = i + 1
 		if h := m.memo(&o.remote); h != nil {
 			if mm, ok := h.take(o.op, o.local.st, &o.remote); ok {
 				// The route the handle remembers: held as takeMem holds.

@@ -550,6 +550,51 @@ func TestCMABatches(t *testing.T) {
 	require.Equal(t, want, mem, "read back")
 }
 
+// TestFailedActionLeavesBuffersAsTheyWere: an Action refused before
+// anything moved (an op's handle denies it, or its buffer is another
+// manager's) leaves every local buffer's count of transfers as it was,
+// whichever op failed: each Close then returns nil at once, and the
+// buffers serve the next request.
+func TestFailedActionLeavesBuffersAsTheyWere(t *testing.T) {
+	m, other := newManager(t), newManager(t)
+	target := register(t, m, alloc(t, 64), mr.RemoteRead) // its handle grants reading only
+	foreign := register(t, other, alloc(t, 64), 0)
+	for _, tt := range []struct {
+		name string
+		bad  func(a *transport.Action, local *transport.Buffer) *transport.Action
+	}{
+		{"a write the handle denies", func(a *transport.Action, local *transport.Buffer) *transport.Action {
+			return a.WriteFrom(target.Remote(), local)
+		}},
+		{"another manager's buffer", func(a *transport.Action, _ *transport.Buffer) *transport.Action {
+			return a.ReadInto(foreign, target.Remote())
+		}},
+	} {
+		for _, at := range []int{0, 1, 2} {
+			t.Run(fmt.Sprintf("%s, op %d of 3", tt.name, at), func(t *testing.T) {
+				var bufs []*transport.Buffer
+				a := m.NewAction()
+				for i := 0; i < 3; i++ {
+					b, err := m.Register(alloc(t, 64), 0)
+					require.NoError(t, err)
+					bufs = append(bufs, b)
+					if i == at {
+						a = tt.bad(a, b)
+					} else {
+						a = a.ReadInto(b, target.Remote())
+					}
+				}
+				err := a.Submit(ctxTimeout(t, 10*time.Second))
+				require.Error(t, err)
+				require.NoError(t, m.ReadInto(ctxTimeout(t, 10*time.Second), bufs[0], target.Remote()), "the next request")
+				for i, b := range bufs {
+					assert.NoError(t, b.Close(), "buffer %d", i)
+				}
+			})
+		}
+	}
+}
+
 // TestStuckShmEndpointIsReplaced: when a manager's shm endpoint is stuck
 // inside libfabric (a peer died holding its region lock, on libfabric
 // 1.x), the manager retires it and opens another: new buffers are served
