@@ -47,6 +47,11 @@ type bufState struct {
 	// kept: a peer still copied with the memory when Close stopped
 	// waiting; it is never freed. Under mu.
 	kept bool
+	// mayFree: the registrations are closed (freeOwned's callers close
+	// them first), so the last transfer's Unref may free owned memory.
+	// Until then a freed page could still take a peer's write through
+	// its key. Under mu.
+	mayFree bool
 
 	mu           sync.Mutex
 	refs         int  // transfers using the memory
@@ -338,13 +343,13 @@ func (st *bufState) Unref() {
 		st.wakeCloser()
 		last = false // the waiting Close deregisters
 	}
-	owned := st.owned && st.closed && st.refs == 0
+	owned := st.owned && st.mayFree && st.refs == 0
 	st.mu.Unlock()
 	switch {
 	case last:
 		go st.deregister()
 	case owned:
-		go st.freeOwned() // its manager closed while this transfer copied
+		go st.freeOwned() // its registrations were closed while this transfer copied
 	}
 }
 
@@ -391,9 +396,12 @@ func (st *bufState) deregister() {
 
 // freeOwned frees the memory of a Manager.Alloc buffer, once, unless a
 // peer may still copy with it; while a transfer of this process holds it,
-// the last one's Unref frees it.
+// the last one's Unref frees it. Its callers have closed the buffer's
+// registrations: a Manager.Close that leaves them to a wedged endpoint
+// does not call it, and the memory stays.
 func (st *bufState) freeOwned() {
 	st.mu.Lock()
+	st.mayFree = true
 	free := st.owned && !st.kept && st.refs == 0
 	if free {
 		st.owned = false

@@ -114,3 +114,19 @@ func MemoOps(h RemoteBuffer) int64 {
 	}
 	return n
 }
+
+// HoldBuffer takes a reference on b as a transfer does; release ends it.
+func HoldBuffer(b *Buffer) (release func(), err error) {
+	if err := b.st.ref(); err != nil {
+		return nil, err
+	}
+	return b.st.Unref, nil
+}
+
+// CloseWaits reports whether a Close of b has begun and waits for its
+// transfers.
+func CloseWaits(b *Buffer) bool {
+	b.st.mu.Lock()
+	defer b.st.mu.Unlock()
+	return b.st.closed && b.st.drained != nil
+}

@@ -595,6 +595,38 @@ func TestFailedActionLeavesBuffersAsTheyWere(t *testing.T) {
 	}
 }
 
+// TestAllocMemoryOutlivesItsRegistration: a Close of an Alloc'd buffer
+// that waits for a transfer frees the memory only after it closed the
+// buffer's registrations, never when the transfer lets go: until then a
+// peer's write could still land in the pages through the buffer's key.
+// The endpoint is held, so that Close cannot close them.
+func TestAllocMemoryOutlivesItsRegistration(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	m := newManager(t, transport.WithProviders(testenv.RouteTCP))
+	b, err := m.Alloc(4096, mr.ReadWrite)
+	require.NoError(t, err)
+	mem := b.Bytes()
+	release, err := transport.HoldBuffer(b)
+	require.NoError(t, err)
+	held := make(chan struct{})
+	transport.HoldEndpoint(m, held)
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	require.Eventually(t, func() bool { return transport.CloseWaits(b) }, 10*time.Second, time.Millisecond,
+		"Close did not begin waiting for the transfer")
+	release() // the transfer ends: Close goes on, and waits for the endpoint to close the registration
+	assert.Never(t, func() bool { return !mr.Whole(mem) }, 200*time.Millisecond, time.Millisecond,
+		"the memory was freed while its registration was open")
+	close(held)
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not return within a minute of the endpoint's release")
+	}
+	assert.False(t, mr.Whole(mem), "Close freed the memory")
+}
+
 // TestStuckShmEndpointIsReplaced: when a manager's shm endpoint is stuck
 // inside libfabric (a peer died holding its region lock, on libfabric
 // 1.x), the manager retires it and opens another: new buffers are served
