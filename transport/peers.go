@@ -73,8 +73,10 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 			}
 			return nil, fmt.Errorf("add peer %s on %s: %w", ad.b.Addr(ad.name), ad.b.Provider, err)
 		}
-		p.Done() // AddPeer's hold is added, below
+		// Added before the use ends: a Forget still waiting for the
+		// peer's last use would otherwise remove it in between.
 		ad.b.Add(ad.name)
+		p.Done()
 		done = append(done, ad.b.Name())
 	}
 	return done, nil
@@ -82,8 +84,8 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 
 // RemovePeer undoes an AddPeer of the same address: once every AddPeer of
 // a name is undone, the peer leaves the address vector (its connection
-// or mapping is released) — when no op is in flight on that endpoint;
-// otherwise it stays until the manager closes. A server calls it when a
+// or mapping is released) — at once when no op is in flight on that
+// endpoint, else when the last one ends. A server calls it when a
 // client's session ends.
 func (m *Manager) RemovePeer(a Address) {
 	if err := m.acquire(); err != nil {
