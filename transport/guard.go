@@ -3,7 +3,6 @@ package transport
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -252,12 +251,8 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 	x := b.NewXfer(nil)
 	now := time.Now()
 	x.Aim(p, progress.Read, now, deadline, ops[checks[0].op].peer.pid) // x holds p until its job is idle
-	release := true
-	defer func() {
-		if release {
-			x.Release()
-		}
-	}()
+	// The waiter's hold; a loop that keeps the job (wedged) keeps its own.
+	defer x.Release()
 	for i := range checks {
 		ep := ops[checks[i].op].ep
 		if string(ep.name) != string(name) {
@@ -274,9 +269,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *l
 		return err
 	}
 	if err := b.Wait(ctx, x); err != nil {
-		var we *progress.WedgedError
-		release = !errors.As(err, &we) // the wedged loop keeps the job and the scratch it reads into
-		return err
+		return err // a wedged loop keeps the job, and its own hold on the scratch it reads into
 	}
 	j := x.Job()
 	if len(j.Errs) > 0 {

@@ -206,13 +206,15 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					j = o.x.Job()
 				}
 				if err != nil {
-					// The job stays the loop's. Wedged: its xfer is left,
-					// holds and all. Left at the deadline: the loop ends
-					// it when its call returns, and releases it then.
+					// The job stays the loop's (wedged, or left at the
+					// deadline), and so does the loop's hold on the xfer:
+					// what it holds stays until the loop's call returns
+					// and the job ends. The waiter's hold goes now, or
+					// nothing would release the buffer once a wedge
+					// clears.
+					o.x.Release()
 					var we *progress.WedgedError
-					if !errors.As(err, &we) {
-						o.x.Release()
-					} else {
+					if errors.As(err, &we) {
 						failed++
 					}
 					o.failed(err)

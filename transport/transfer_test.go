@@ -691,6 +691,31 @@ func TestCloseReportsWedgedEndpoint(t *testing.T) {
 	}
 }
 
+// TestWedgeThatClearsReleasesTheBuffer: a transfer whose endpoint is
+// stuck inside libfabric fails with ErrEndpointWedged and leaves its job
+// to the loop; once the stuck call returns, the loop ends the job and the
+// local buffer is free again: its Close returns nil, not an InUseError
+// for a transfer that no longer exists.
+func TestWedgeThatClearsReleasesTheBuffer(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	policy := progress.DefaultPollPolicy
+	policy.WedgeAfter = 100 * time.Millisecond
+	m := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithPollPolicy(policy),
+		transport.WithTimeout(5*time.Second))
+	peer := testpeer.Start(t, testenv.RouteTCP)
+	h := peer.Register(4096, mr.ReadWrite, 1)
+	b, err := m.Register(alloc(t, 4096), 0)
+	require.NoError(t, err)
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), b, h), "connects")
+
+	release := make(chan struct{})
+	transport.HoldEndpoint(m, release)
+	err = m.ReadInto(ctxTimeout(t, time.Minute), b, h)
+	require.ErrorIs(t, err, transport.ErrEndpointWedged)
+	close(release)
+	require.NoError(t, b.Close(), "the wedge cleared and the loop ended the job")
+}
+
 // TestManagerAlloc: Alloc is allocation and registration in one step,
 // and its Buffer's Close frees the memory too; a peer process reaches
 // such a buffer on the mem route.

@@ -41,12 +41,8 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	deadline := start.Add(2 * r.loop.WedgeAfter())
 	x := r.NewXfer(nil)
 	x.Aim(p, progress.Read, start, deadline, os.Getpid())
-	release := true
-	defer func() {
-		if release {
-			x.Release()
-		}
-	}()
+	// The waiter's hold; a loop that keeps the job (wedged) keeps its own.
+	defer x.Release()
 	if _, err := x.ReadEntry(ctx, deadline, mr.RemoteAddr(r.VirtAddr, s.tableAt, 0), s.TableKey()); err != nil {
 		return err
 	}
@@ -54,9 +50,7 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 		return err
 	}
 	if err := r.Wait(ctx, x); err != nil {
-		var we *progress.WedgedError
-		release = !errors.As(err, &we) // the wedged loop keeps the job and its scratch
-		return err
+		return err // a wedged loop keeps the job, and its own hold on the scratch
 	}
 	if j := x.Job(); len(j.Errs) > 0 {
 		return fmt.Errorf("self check: %w", j.Errs[0])
