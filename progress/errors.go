@@ -155,6 +155,11 @@ type TimeoutError struct {
 	// progress loop, which ends it when the call returns; Completed is not
 	// known then (0).
 	Left bool
+	// Awaiting is what the request was waiting for when its deadline came
+	// or its context ended, when that was not its chunks but an answer
+	// it needs before it may post any (a same-node owner's verification,
+	// say): nothing moved then, and Completed and Total are 0.
+	Awaiting string
 }
 
 func (e *TimeoutError) Error() string {
@@ -167,6 +172,10 @@ func (e *TimeoutError) Error() string {
 			return "not started: the deadline had passed (" + e.Cause.Error() + ")"
 		}
 		return "not started: the context was canceled"
+	}
+	if e.Awaiting != "" {
+		return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v waiting for %s: nothing moved; the peer may be stopped, "+
+			"overloaded or not serving its endpoint", e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Awaiting)
 	}
 	s := fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed",
 		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
@@ -266,6 +267,75 @@ func TestOwnerStopped(t *testing.T) {
 				} else {
 					assert.Equal(t, testpeer.Pattern(n, 1), mem)
 				}
+			})
+		}
+	}
+}
+
+// TestOwnerStoppedFirst: a transfer that needs an answer of a stopped
+// owner's manager before any op — a new manager's verification of the
+// owner, or on the mem route the mapping of a buffer not mapped before —
+// gets its error at its deadline: a timeout that says what it waited
+// for, nothing moved, retryable. The verification's deadline is longer
+// than the handshake's own bound (2 s), which the request outlives by
+// verifying again; the mapping's is shorter. Where the route needs no
+// such answer the transfer ends as TestOwnerStopped's do (outcomes).
+// After SIGCONT the transfer works.
+func TestOwnerStoppedFirst(t *testing.T) {
+	for _, prov := range providers {
+		for _, step := range []string{"verification", "new buffer"} {
+			t.Run(prov+"/"+step, func(t *testing.T) {
+				testenv.RequireRoute(t, prov)
+				deadline := 300 * time.Millisecond
+				if step == "verification" {
+					deadline = 2500 * time.Millisecond
+				}
+				const n = 4096
+				m := newManager(t, transport.WithProviders(prov), transport.WithTimeout(deadline))
+				owner := testpeer.Start(t, prov)
+				first := owner.Register(n, mr.ReadWrite, 1)
+				h := owner.Register(n, mr.ReadWrite, 2)
+				local, mem := register(t, m, n, mr.ReadWrite)
+				want := expect(t, prov).stoppedUnverified
+				if step == "new buffer" {
+					want = expect(t, prov).stoppedNewBuffer
+					// The owner verified, the mem link up, and h not mapped.
+					require.NoError(t, transfer(context.Background(), m, "read", local, first))
+				}
+				owner.Stop()
+				start := time.Now()
+				err := transfer(context.Background(), m, "read", local, h)
+				took := time.Since(start)
+				t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+				switch want {
+				case completes:
+					require.NoError(t, err, "%s needs no answer of the owner for a new buffer", prov)
+					assert.Equal(t, testpeer.Pattern(n, 2), mem)
+				case answerTimesOut, checkTimesOut, opsTimeOut:
+					assert.ErrorIs(t, err, context.DeadlineExceeded)
+					assert.ErrorIs(t, err, transport.ErrTimeout)
+					assert.True(t, transport.Retryable(err), "the owner may answer later")
+					var to *progress.TimeoutError
+					require.ErrorAs(t, err, &to)
+					assert.Zero(t, to.Completed)
+					var te *transport.TransferError
+					require.ErrorAs(t, err, &te)
+					if want == answerTimesOut {
+						assert.Equal(t, "read", te.Op)
+						assert.NotEmpty(t, to.Awaiting, "the error says what it waited for")
+						assert.Contains(t, err.Error(), cma.Peer(owner.Pid), "the error names the owner's process")
+						assert.Contains(t, err.Error(), "nothing moved")
+					} else {
+						assert.Empty(t, to.Awaiting)
+					}
+					assert.Less(t, took, deadline+time.Second, "the error comes within the deadline + 1 s")
+					assert.GreaterOrEqual(t, took, deadline, "not before the deadline")
+				}
+				owner.Continue()
+				testpeer.Fill(mem, 3)
+				require.Eventually(t, func() bool { return transfer(context.Background(), m, "read", local, h) == nil },
+					20*time.Second, 50*time.Millisecond, "a new transfer works after SIGCONT")
+				assert.Equal(t, testpeer.Pattern(n, 2), mem)
 			})
 		}
 	}

@@ -34,10 +34,14 @@ const (
 	checkTimesOut
 	// opsTimeOut: the transfer's own ops time out, still in flight.
 	opsTimeOut
+	// answerTimesOut: the transfer times out waiting for an answer of
+	// the owner's manager it needs before any op (its verification, or
+	// the mapping of a buffer on the mem route): nothing was posted.
+	answerTimesOut
 )
 
 func (e stoppedEnd) String() string {
-	return [...]string{"completes", "handle check times out", "ops time out"}[e]
+	return [...]string{"completes", "handle check times out", "ops time out", "the owner's answer times out"}[e]
 }
 
 type outcome struct {
@@ -51,17 +55,24 @@ type outcome struct {
 	// stoppedBig: how a 64 MiB transfer to a stopped owner ends, with the
 	// manager's timeout of 1 s (TestCloseWithOpsInFlight).
 	stoppedBig stoppedEnd
+	// stoppedUnverified: how the first transfer of a new manager to an
+	// owner stopped before it ends (TestOwnerStoppedFirst).
+	stoppedUnverified stoppedEnd
+	// stoppedNewBuffer: how the first transfer to a buffer the stopped
+	// owner registered before it stopped ends, after transfers to another
+	// of its buffers (TestOwnerStoppedFirst).
+	stoppedNewBuffer stoppedEnd
 }
 
 var outcomes = map[outcomeKey]outcome{
-	{testenv.RouteMem, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
-	{testenv.RouteMem, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
-	{testenv.RouteCMA, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
-	{testenv.RouteCMA, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
-	{testenv.RouteSHM, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes},
-	{testenv.RouteSHM, 2}: {ownerKilledBlocks: true, ownerStopped: checkTimesOut, stoppedBig: checkTimesOut},
-	{testenv.RouteTCP, 1}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut},
-	{testenv.RouteTCP, 2}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut},
+	{testenv.RouteMem, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: answerTimesOut},
+	{testenv.RouteMem, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: answerTimesOut},
+	{testenv.RouteCMA, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
+	{testenv.RouteCMA, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
+	{testenv.RouteSHM, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
+	{testenv.RouteSHM, 2}: {ownerKilledBlocks: true, ownerStopped: checkTimesOut, stoppedBig: checkTimesOut, stoppedUnverified: answerTimesOut, stoppedNewBuffer: checkTimesOut},
+	{testenv.RouteTCP, 1}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
+	{testenv.RouteTCP, 2}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
 }
 
 // expect is the outcome of faults on route under the libfabric loaded

@@ -130,17 +130,10 @@ func (p *sameNodePeer) linkForChecks() *memLink {
 	}
 	l := p.link
 	up := l != nil && !l.done.Load()
-	dial := !up && !p.memDone && !p.dialing && (p.linkErr == nil || time.Since(p.linkAt) >= memRedial)
-	p.dialing = p.dialing || dial
-	p.memMu.Unlock()
-	if dial {
-		go func() {
-			_, _ = p.memLink() // closeMem waits for it, and ends the link it made
-			p.memMu.Lock()
-			p.dialing = false
-			p.memMu.Unlock()
-		}()
+	if !up && !p.memDone && !p.dialing && (p.linkErr == nil || time.Since(p.linkAt) >= memRedial) {
+		p.startDial()
 	}
+	p.memMu.Unlock()
 	if !up {
 		return nil
 	}

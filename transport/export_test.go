@@ -1,6 +1,15 @@
 package transport
 
-import "time"
+import (
+	"context"
+	"time"
+)
+
+// testTimes is the limits of a request with no deadline of its own, as
+// the manager's default timeout gives it.
+func testTimes() *reqTimes {
+	return &reqTimes{ctx: context.Background(), timeout: DefaultTimeout}
+}
 
 // ReplaceSameNode retires m's shm endpoint as if it were stuck inside
 // libfabric, and opens another: the path a wedge takes, without the wedge.
@@ -50,7 +59,7 @@ func SetFirstOpGrace(d time.Duration) (restore func()) {
 // generation its owner publishes now (entryCache): the next op's check
 // reads nothing.
 func EntryKept(m *Manager, h RemoteBuffer) bool {
-	p, err := m.sameNodePeer(h.owner)
+	p, err := m.sameNodePeer(testTimes(), h.owner)
 	if err != nil {
 		return false
 	}
@@ -73,7 +82,7 @@ func EntryKept(m *Manager, h RemoteBuffer) bool {
 // EntriesKept reports whether m keeps the guard entries of h's owner
 // (entryCache): its mem link to the owner is up.
 func EntriesKept(m *Manager, h RemoteBuffer) bool {
-	p, err := m.sameNodePeer(h.owner)
+	p, err := m.sameNodePeer(testTimes(), h.owner)
 	if err != nil {
 		return false
 	}

@@ -62,6 +62,13 @@ type Manager struct {
 
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
+	// closing is set, and quit closed, as Close is called, before it
+	// waits for mu: a request that comes after fails at once instead of
+	// queueing behind Close, and one waiting for a same-node owner's
+	// answer under mu's read hold gives up (reqTimes.waitFor).
+	closing   atomic.Bool
+	quit      chan struct{}
+	closeOnce sync.Once
 	// down is set as Close begins: copies still running (mem) learn that
 	// their owner links end because this manager closes, not the owner.
 	down atomic.Bool
@@ -105,7 +112,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{},
-		topo: topology.Tree{Root: "/sys"}}
+		topo: topology.Tree{Root: "/sys"}, quit: make(chan struct{})}
 	infos, err := m.discover()
 	if err != nil {
 		return nil, err
@@ -423,9 +430,12 @@ type Route struct {
 }
 
 // Route says which backend a transfer with r would use, and why; an error
-// wrapping ErrNoRoute when none can.
+// wrapping ErrNoRoute when none can. Toward a same-node owner it may
+// wait for the owner's answer (its verification, the mem link) up to the
+// manager's timeout: an error wrapping ErrTimeout then, or ErrClosed when
+// the manager closes meanwhile.
 func (m *Manager) Route(r RemoteBuffer) (Route, error) {
-	rt, err := m.route(&r, 0)
+	rt, err := m.route(&r, 0, &reqTimes{ctx: context.Background(), timeout: m.cfg.timeout, quit: m.quit})
 	if err != nil {
 		return Route{Locality: rt.loc}, err
 	}
@@ -497,7 +507,11 @@ type routed struct {
 // the kernel verified it (sameNodePeer) and both have the route; else the
 // remote backend if the owner has it — on rail pin-1, or (pin 0) the rail
 // pickRail chooses — else any backend both have.
-func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
+//
+// Toward a same-node owner it may wait for the owner's answers (its
+// verification, the mem link's setup) within t's limits; past them it
+// returns an *awaitError.
+func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	if r.IsZero() {
 		return routed{loc: fabric.Remote}, fmt.Errorf("%w: zero RemoteBuffer", ErrBadHandle)
 	}
@@ -531,13 +545,13 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 		memEP = nil
 	}
 	if rt.loc == fabric.SameNode && (m.cma != nil && cmaEP != nil || shmEP != nil || memEP != nil) {
-		peer, err := m.sameNodePeer(r.owner)
+		peer, err := m.sameNodePeer(t, r.owner)
 		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
 			// A handle newer than what the owner told: it may have
 			// replaced its shm endpoint since. Ask it again (at most
 			// every reverifyAfter: a forged handle must not make every
 			// op a verification).
-			peer, err = m.reverify(r.owner, peer)
+			peer, err = m.reverify(t, r.owner, peer)
 		}
 		var memErr error
 		var link *memLink
@@ -545,18 +559,34 @@ func (m *Manager) route(r *RemoteBuffer, pin int) (routed, error) {
 			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
 				return rt, memErr
 			}
-			link, memErr = peer.memLink()
+			link, memErr = peer.memLink(t)
 			if peer.replaced.Load() {
 				// This manager verified the owner again since it took
 				// peer (reverify, evict), and ends peer's link: the new
 				// verification's.
-				if peer, err = m.sameNodePeer(r.owner); err == nil {
+				if peer, err = m.sameNodePeer(t, r.owner); err == nil {
 					if memErr = matchesPeer(r, memEP, peer); memErr != nil {
 						return rt, memErr
 					}
-					link, memErr = peer.memLink()
+					link, memErr = peer.memLink(t)
 				}
 			}
+			if ae, ok := memErr.(*awaitError); ok {
+				return rt, ae // the limits ended: no other route is tried for them
+			}
+		}
+		if ae, ok := err.(*awaitError); ok {
+			// The owner's process as the handle names it: only to name
+			// it in the error, it is not verified yet.
+			switch {
+			case memEP != nil:
+				ae.provider, ae.pid = mem.Name, cma.PID(memEP.name)
+			case m.cma != nil && cmaEP != nil:
+				ae.provider, ae.pid = cma.Name, cma.PID(cmaEP.name)
+			default:
+				ae.provider, ae.pid = bs.sameNode.Name(), libfabric.ShmPeerPID(shmEP.name)
+			}
+			return rt, ae
 		}
 		switch {
 		case err == nil:
@@ -693,6 +723,12 @@ func (m *Manager) PollRoute(rt Route) {
 // and the memory they use to it (a buffer of that manager must then not
 // be freed: mr.Free would pull memory from under libfabric).
 func (m *Manager) Close() error {
+	m.closeOnce.Do(func() {
+		m.closing.Store(true)
+		if m.quit != nil {
+			close(m.quit)
+		}
+	})
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -769,6 +805,9 @@ func (m *Manager) Close() error {
 
 // acquire holds the manager open for one operation.
 func (m *Manager) acquire() error {
+	if m.closing.Load() {
+		return ErrClosed
+	}
 	m.mu.RLock()
 	if m.closed {
 		m.mu.RUnlock()

@@ -57,9 +57,9 @@ func TestReplacedMemLinkIsClosed(t *testing.T) {
 			p.pid = pid
 			t.Cleanup(p.closeMem)
 
-			old, err := p.memLink()
+			old, err := p.memLink(testTimes())
 			require.NoError(t, err)
-			mm, err := old.get(&h, ep) // the op's reference and the link's
+			mm, err := old.get(testTimes(), &h, ep) // the op's reference and the link's
 			require.NoError(t, err)
 			require.Equal(t, "the owner's buffer", string(mm.b[:18]))
 			file := mappedFile(t, mm.b)
@@ -77,12 +77,12 @@ func TestReplacedMemLinkIsClosed(t *testing.T) {
 			// failure but a refusal: here the connection is gone under it.
 			require.NoError(t, old.conn.Close())
 			old.mu.Lock()
-			_, _, err = old.ask([]byte(memCtlReq), nil, 2)
+			_, _, err = old.ask(nil, []byte(memCtlReq), nil, 2)
 			old.mu.Unlock()
 			require.Error(t, err)
 			require.True(t, old.done.Load(), "a failed request ends the link")
 
-			l, err := p.memLink()
+			l, err := p.memLink(testTimes())
 			require.NoError(t, err)
 			require.NotSame(t, old, l, "an ended link is replaced")
 			require.False(t, l.done.Load())
@@ -100,7 +100,7 @@ func TestReplacedMemLinkIsClosed(t *testing.T) {
 			require.Equal(t, 1, mappings(t, file), "the replaced link's mapping is still mapped")
 
 			// The new link maps the buffer again.
-			mm2, err := l.get(&h, ep)
+			mm2, err := l.get(testTimes(), &h, ep)
 			require.NoError(t, err)
 			require.Equal(t, "the owner's buffer", string(mm2.b[:18]))
 			mm2.unref()

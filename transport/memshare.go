@@ -352,6 +352,7 @@ type memLink struct {
 	page  []byte   // this manager's use page at the owner
 	uses  mem.Uses
 	maps  map[uint64]*memMap // by buffer id; under mu
+	late  int                // answers still to come to questions given up on (ask); under mu
 	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
 	// users counts the ops between hold and drop: the generations and
 	// use pages and the pidfd above are theirs to read until the link is
@@ -382,36 +383,68 @@ func (mm *memMap) unref() {
 }
 
 // memLink returns the link to p: the one set up, or a new one when there
-// is none and the last attempt is older than memRedial.
-func (p *sameNodePeer) memLink() (*memLink, error) {
-	p.memMu.Lock()
-	switch {
-	case p.memDone && p.replaced.Load() && !p.gone.Load():
-		// This manager verified the owner again (reverify, evict): the
-		// new verification has the link (route takes it).
+// is none and the last attempt is older than memRedial. The dial runs in
+// a goroutine of its own (startDial), which the request waits for within
+// t's limits: toward an owner that does not answer (stopped, say) a dial
+// takes up to a few verifyTimeouts. Past the limits it returns an
+// *awaitError; the dial goes on, for the next request.
+func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
+	for {
+		p.memMu.Lock()
+		switch {
+		case p.memDone && p.replaced.Load() && !p.gone.Load():
+			// This manager verified the owner again (reverify, evict): the
+			// new verification has the link (route takes it).
+			p.memMu.Unlock()
+			return nil, &memLinkEnded{pid: p.pid}
+		case p.memDone:
+			p.memMu.Unlock()
+			return nil, peerGone(p.pid)
+		case p.link != nil && !p.link.done.Load():
+			l := p.link
+			p.memMu.Unlock()
+			return l, nil
+		case !p.dialing && p.linkErr != nil && time.Since(p.linkAt) < memRedial:
+			err := p.linkErr
+			p.memMu.Unlock()
+			return nil, err
+		}
+		if !p.dialing {
+			p.startDial()
+		}
+		dialed := p.dialed
 		p.memMu.Unlock()
-		return nil, &memLinkEnded{pid: p.pid}
-	case p.memDone:
-		p.memMu.Unlock()
-		return nil, peerGone(p.pid)
-	case p.link != nil && !p.link.done.Load():
-		l := p.link
-		p.memMu.Unlock()
-		return l, nil
-	case p.linkErr != nil && time.Since(p.linkAt) < memRedial:
-		err := p.linkErr
-		p.memMu.Unlock()
-		return nil, err
+		if err := t.waitFor(dialed); err != nil {
+			return nil, &awaitError{what: "the owner's answer on the mem link", provider: mem.Name, pid: p.pid, cause: err}
+		}
 	}
-	old := p.link
-	p.link, p.linkErr = dialMem(p)
-	p.linkAt = time.Now()
-	l, err := p.link, p.linkErr
-	p.memMu.Unlock()
-	if old != nil {
-		old.close() // done already; its mappings go with it now (ops using one keep it until they end), as closeMem's
-	}
-	return l, err
+}
+
+// startDial starts setting up the link to p in a goroutine of its own,
+// which closes p.dialed when it is done. Under p.memMu, with no dial under
+// way.
+func (p *sameNodePeer) startDial() {
+	p.dialing, p.dialed = true, make(chan struct{})
+	go func() {
+		l, err := dialMem(p)
+		p.memMu.Lock()
+		old := p.link
+		if p.memDone {
+			// closeMem ran meanwhile: the link would outlive the route.
+			old = nil
+			if l != nil {
+				l.close()
+				l, err = nil, errors.New("the mem route was closed")
+			}
+		}
+		p.link, p.linkErr, p.linkAt = l, err, time.Now()
+		p.dialing = false
+		close(p.dialed)
+		p.memMu.Unlock()
+		if old != nil {
+			old.close() // done already; its mappings go with it now (ops using one keep it until they end), as closeMem's
+		}
+	}()
 }
 
 // dialMem opens the mem connection to p, checks that the kernel says it
@@ -442,7 +475,7 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 		return fail("it answers as another manager")
 	}
 	l := &memLink{owner: p, conn: c, pidfd: -1, maps: map[uint64]*memMap{}}
-	withLife, fds, err := l.ask([]byte(memCtlReq), nil, 2)
+	withLife, fds, err := l.ask(nil, []byte(memCtlReq), nil, 2)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -481,36 +514,45 @@ func (e *memAnswerError) Error() string { return "the owner refuses: " + e.why }
 
 // ask sends a request and reads the answer, which must echo the request's
 // id, slot and gen (echo; nil for a control request), with the files it
-// carries (want of them on success). Any failure but a refusal leaves
-// the connection out of step, so it ends the link: the next op dials
-// again. Under l.mu, or before l is shared.
-func (l *memLink) ask(req, echo []byte, want int) (size uint64, fds []int, err error) {
+// carries (want of them on success). It waits up to verifyTimeout, and
+// no longer than t's limits when t is not nil (a request's). A request
+// that gives up at its limits leaves its answer to come (late): the next
+// ask skips it, so that one short deadline does not end the link every
+// op shares. Any other failure but a refusal leaves the connection out of
+// step, so it ends the link: the next op dials again. Under l.mu, or
+// before l is shared.
+func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds []int, err error) {
+	sent := false
 	defer func() {
-		if err != nil {
-			var refused *memAnswerError
-			if !errors.As(err, &refused) {
-				l.done.Store(true)
-				_ = l.conn.Close()
-			}
+		var refused *memAnswerError
+		var ne net.Error
+		switch {
+		case err == nil, errors.As(err, &refused):
+		case sent && t != nil && t.err() != nil && errors.As(err, &ne) && ne.Timeout():
+			l.late++
+		default:
+			l.done.Store(true)
+			_ = l.conn.Close()
 		}
 	}()
-	_ = l.conn.SetDeadline(time.Now().Add(verifyTimeout))
+	deadline := time.Now().Add(verifyTimeout)
+	if t != nil {
+		if _, d := t.get(); d.Before(deadline) {
+			deadline = d
+		}
+		if t.ctx.Done() != nil {
+			// A cancel ends the wait as the deadline would.
+			stop := context.AfterFunc(t.ctx, func() { _ = l.conn.SetDeadline(time.Unix(1, 0)) })
+			defer stop()
+		}
+	}
+	_ = l.conn.SetDeadline(deadline)
 	if _, err := l.conn.Write(req); err != nil {
 		return 0, nil, err
 	}
+	sent = true
 	b := make([]byte, 512)
 	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, flags, _, err := l.conn.ReadMsgUnix(b, oob)
-	if err != nil {
-		return 0, nil, err
-	}
-	if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
-		for _, cm := range cmsgs {
-			if got, err := unix.ParseUnixRights(&cm); err == nil {
-				fds = append(fds, got...)
-			}
-		}
-	}
 	closeAll := func() {
 		for _, fd := range fds {
 			_ = unix.Close(fd)
@@ -519,13 +561,35 @@ func (l *memLink) ask(req, echo []byte, want int) (size uint64, fds []int, err e
 	if echo == nil {
 		echo = make([]byte, 20)
 	}
+	var n int
+	for {
+		var oobn, flags int
+		n, oobn, flags, _, err = l.conn.ReadMsgUnix(b, oob)
+		if err != nil {
+			return 0, nil, err
+		}
+		fds = nil
+		if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for _, cm := range cmsgs {
+				if got, err := unix.ParseUnixRights(&cm); err == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 || n < memReplyLen || string(b[:4]) != memReply {
+			closeAll()
+			return 0, nil, errors.New("a malformed answer")
+		}
+		if string(b[13:33]) == string(echo) {
+			break
+		}
+		closeAll()
+		if l.late == 0 {
+			return 0, nil, errors.New("an answer to another request")
+		}
+		l.late-- // the answer to a question given up on: the owner answers in order
+	}
 	switch {
-	case flags&unix.MSG_CTRUNC != 0 || n < memReplyLen || string(b[:4]) != memReply:
-		closeAll()
-		return 0, nil, errors.New("a malformed answer")
-	case string(b[13:33]) != string(echo):
-		closeAll()
-		return 0, nil, errors.New("an answer to another request")
 	case b[4] != memOK:
 		closeAll()
 		return binary.LittleEndian.Uint64(b[5:]), nil, &memAnswerError{status: b[4], why: string(b[memReplyLen:n])}
@@ -593,10 +657,17 @@ func (l *memLink) endedAs(gone bool) error {
 
 // get returns the mapping of the handle's buffer, holding it for one op:
 // from the ones mapped (when the owner confirmed this handle's key,
-// address and size for it), or asked for now.
-func (l *memLink) get(r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
+// address and size for it), or asked for now, within t's limits (past
+// them, an *awaitError).
+func (l *memLink) get(t *reqTimes, r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
 	g := ep.guard
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		// Another op asks the owner: its answer takes a round trip, or
+		// as long as an owner that does not answer takes to fail it.
+		if err := lockWithin(&l.mu, t); err != nil {
+			return nil, &awaitError{what: fmt.Sprintf("the owner's answer for buffer %d", r.id), provider: mem.Name, pid: l.owner.pid, cause: err}
+		}
+	}
 	defer l.mu.Unlock()
 	if l.done.Load() {
 		return nil, l.endedErr()
@@ -623,9 +694,12 @@ func (l *memLink) get(r *RemoteBuffer, ep *remoteEP) (*memMap, error) {
 	req = binary.LittleEndian.AppendUint64(req, ep.key)
 	req = binary.LittleEndian.AppendUint64(req, ep.base)
 	req = binary.LittleEndian.AppendUint64(req, r.size)
-	size, fds, err := l.ask(req, req[4:24], 1)
+	size, fds, err := l.ask(t, req, req[4:24], 1)
 	var refused *memAnswerError
 	switch {
+	case err != nil && t.err() != nil:
+		// The request's limits ended the wait (and the link: ask).
+		return nil, &awaitError{what: fmt.Sprintf("the owner's answer for buffer %d", r.id), provider: mem.Name, pid: l.owner.pid, cause: t.err()}
 	case errors.As(err, &refused) && refused.status == memRange && r.off+r.n > size:
 		return nil, fmt.Errorf("%w: the handle's range [%d, %d) lies outside the %d bytes its owner registered as buffer %d (the handle was altered)",
 			ErrOutOfRange, r.off, r.off+r.n, size, r.id)
@@ -729,7 +803,7 @@ func (l *memLink) free() {
 // buffer and takes the buffer's mapping for it over l, the link route
 // found to the owner (the owner checked the handle's key, address and
 // size when it shared the file).
-func (m *Manager) prepareMem(o *opSpec, l *memLink) error {
+func (m *Manager) prepareMem(t *reqTimes, o *opSpec, l *memLink) error {
 	if !l.hold() {
 		return fmt.Errorf("%s: %w", o.op, l.endedErrUnheld())
 	}
@@ -738,7 +812,7 @@ func (m *Manager) prepareMem(o *opSpec, l *memLink) error {
 		l.drop()
 		return fmt.Errorf("%w: the owner no longer has buffer %d (closed, or the handle is from an earlier registration)", ErrStaleHandle, o.remote.id)
 	}
-	mm, err := l.get(&o.remote, o.ep)
+	mm, err := l.get(t, &o.remote, o.ep)
 	if err != nil {
 		l.drop()
 		return fmt.Errorf("%s: %w", o.op, err)
@@ -820,16 +894,16 @@ const memRedos = 2
 // remembers the route in the handle when it is settled. When the link
 // ended meanwhile with the owner alive, it routes the handle again
 // (rerouteMem) for the new verification's link.
-func (m *Manager) takeMem(ctx context.Context, o *opSpec, rt routed) error {
+func (m *Manager) takeMem(t *reqTimes, o *opSpec, rt routed) error {
 	for {
-		err := m.prepareMem(o, rt.link)
+		err := m.prepareMem(t, o, rt.link)
 		if err == nil {
 			if rt.settled {
 				keepMemo(m, o)
 			}
 			return nil
 		}
-		if rt, err = m.rerouteMem(o, err, ctx.Err() != nil || pastDeadline(ctx)); err != nil {
+		if rt, err = m.rerouteMem(t, o, err, t.ctx.Err() != nil || pastDeadline(t.ctx)); err != nil {
 			return err
 		}
 	}
@@ -841,12 +915,12 @@ func (m *Manager) takeMem(ctx context.Context, o *opSpec, rt routed) error {
 // op was routed again memRedos times already, when its request's context
 // or deadline ended (ended), or when the handle no longer routes over mem
 // (the next request takes the other route). Under the manager's hold.
-func (m *Manager) rerouteMem(o *opSpec, err error, ended bool) (routed, error) {
+func (m *Manager) rerouteMem(t *reqTimes, o *opSpec, err error, ended bool) (routed, error) {
 	if !linkEnded(err) || o.redos == memRedos || ended {
 		return routed{}, err
 	}
 	o.redos++
-	rt, rerr := m.route(&o.remote, o.pin)
+	rt, rerr := m.route(&o.remote, o.pin, t)
 	if rt.gone != nil {
 		rt.gone.Op = o.op
 	}
@@ -871,11 +945,15 @@ func (m *Manager) redoMem(lim route.Limit, o *opSpec, err error) error {
 		}
 		o.link.drop() // prepareMem's hold
 		o.link = nil
-		rt, rerr := m.rerouteMem(o, err, limitEnded(lim))
+		t := reqTimes{ctx: lim.Ctx, timeout: m.cfg.timeout, quit: m.quit, start: lim.Start, deadline: lim.Deadline}
+		rt, rerr := m.rerouteMem(&t, o, err, limitEnded(lim))
 		if rerr == nil {
-			rerr = m.takeMem(lim.Ctx, o, rt)
+			rerr = m.takeMem(&t, o, rt)
 		}
 		m.releaseManager()
+		if to := awaited(rerr, o, &t); to != nil {
+			return to
+		}
 		if rerr != nil {
 			return rerr
 		}

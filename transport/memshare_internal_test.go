@@ -51,12 +51,12 @@ func TestMemLinkEndsOutOfStep(t *testing.T) {
 	}()
 	l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{}}
 	ep := func(slot uint32) *remoteEP { return &remoteEP{key: 7, base: 8, guard: &guardRef{slot: slot, gen: 1}} }
-	_, err = l.get(&RemoteBuffer{id: 1, size: size, n: size, access: mr.ReadWrite}, ep(1))
+	_, err = l.get(testTimes(), &RemoteBuffer{id: 1, size: size, n: size, access: mr.ReadWrite}, ep(1))
 	require.Error(t, err, "the answer came after the deadline")
 	// The owner lives: nothing moved, and the next op dials again.
 	require.NotErrorIs(t, err, ErrPeerGone)
 	require.True(t, Retryable(err), "%v", err)
-	mm, err := l.get(&RemoteBuffer{id: 2, size: size, n: size, access: mr.ReadWrite}, ep(2))
+	mm, err := l.get(testTimes(), &RemoteBuffer{id: 2, size: size, n: size, access: mr.ReadWrite}, ep(2))
 	if err == nil {
 		require.Equal(t, "BBBB buffer 2", string(mm.b[:13]), "buffer 2's mapping is another buffer's file")
 	}

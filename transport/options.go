@@ -54,10 +54,10 @@ func WithRMAPolicy(p fabric.RMAPolicy) Option { return func(c *config) { c.polic
 
 // WithTimeout sets the deadline of transfers whose context has none
 // (default DefaultTimeout), counted from when their ops are routed (over
-// several rails, from the call). Routing toward a same-node owner may
-// first wait, whatever the deadline, up to 2 s for each step of a
-// handshake it needs: verifying the owner, opening the mem link, mapping
-// a buffer not mapped before.
+// several rails, from the call), or from the first wait for a same-node
+// owner's answer routing needs (its verification, the mem link, the
+// mapping of a buffer not mapped before): those waits end at the
+// transfer's deadline too, or when its context ends.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithChunkSize caps the size of one RMA op (default DefaultChunkSize);

@@ -63,7 +63,7 @@ func TestRailProbeNeedsARailOp(t *testing.T) {
 		h    RemoteBuffer
 		kind route.Kind
 	}{{own, route.Memcpy}, {other, route.Memcpy}, {overRail, route.Fabric}, {writeOnly, route.Fabric}} {
-		rt, err := m.route(&tc.h, 1)
+		rt, err := m.route(&tc.h, 1, testTimes())
 		require.NoError(t, err)
 		require.Equal(t, tc.kind, rt.kind, "the route of the handle of buffer %d", tc.h.id)
 	}

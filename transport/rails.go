@@ -390,8 +390,9 @@ func (m *Manager) runRails(ctx context.Context, kind string, ops []opSpec) error
 	bs := m.backends()
 	var pieces []piece
 	railOp := -1 // the first op over the rails: what probes read
+	times := reqTimes{ctx: ctx, timeout: m.cfg.timeout, quit: m.quit}
 	for i := range ops {
-		rt, err := m.route(&ops[i].remote, 1)
+		rt, err := m.route(&ops[i].remote, 1, &times)
 		if err != nil || rt.kind != route.Fabric || rt.b.Provider != bs.remote.Provider {
 			pieces = append(pieces, piece{spec: i, n: ops[i].remote.n, rail: -1})
 			continue

@@ -133,3 +133,18 @@ func RedoAfterClose(m *Manager, local *Buffer, h RemoteBuffer) (redoErr error, v
 	}
 	return redoErr, verified, nil
 }
+
+// VerificationsUnderWay counts m's verifications of owners that have not
+// ended.
+func VerificationsUnderWay(m *Manager) int {
+	p := &m.verified
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, v := range p.byID {
+		if !settled(v) {
+			n++
+		}
+	}
+	return n
+}

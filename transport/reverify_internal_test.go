@@ -55,7 +55,7 @@ func TestReplacedOwnerEndedLink(t *testing.T) {
 				require.True(t, Retryable(err), "%s: %v", where, err)
 			}
 
-			_, err := p.memLink()
+			_, err := p.memLink(testTimes())
 			check("memLink", err, !tt.replaced)
 
 			// The link's pidfd is -1 and it has no lifeline: the OS is
@@ -64,7 +64,7 @@ func TestReplacedOwnerEndedLink(t *testing.T) {
 			l := &memLink{owner: p, pidfd: -1, gens: make([]uint64, 8), uses: make(mem.Uses, 8), maps: map[uint64]*memMap{}}
 			l.gens[g.slot] = g.gen
 			l.done.Store(true)
-			_, err = l.get(&RemoteBuffer{id: 1, size: 8, n: 8}, &remoteEP{guard: g})
+			_, err = l.get(testTimes(), &RemoteBuffer{id: 1, size: 8, n: 8}, &remoteEP{guard: g})
 			check("get", err, tt.wantGone)
 
 			local, remote := make([]byte, 8), []byte("12345678")

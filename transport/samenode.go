@@ -109,7 +109,8 @@ type sameNodePeer struct {
 	linkErr  error
 	linkAt   time.Time
 	memDone  bool
-	dialing  bool // a link is being set up for the cma checks (linkForChecks)
+	dialing  bool          // a link is being set up (startDial)
+	dialed   chan struct{} // closed when that is done
 	owner    ID
 	announce sync.Once
 	annMu    sync.Mutex
@@ -530,17 +531,49 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 // peers caches the verification of owners, by manager ID: a failure is
 // kept too (the owner's manager, its uid and its namespaces do not change).
 type peers struct {
-	mu   sync.Mutex
-	byID map[ID]*verification
+	mu     sync.Mutex
+	byID   map[ID]*verification
+	closed bool // the manager closed: a verification that ends now ends its connection
 }
 
+// verification is one verification of an owner. It runs in a goroutine
+// of its own: requests wait for it only as long as their deadline allows
+// (await), and one that gives up leaves the result to the next.
 type verification struct {
-	once    sync.Once
+	start   sync.Once
+	ready   chan struct{} // closed once the fields below are set
 	peer    *sameNodePeer
 	err     error
-	gonePID int         // the owner answered an earlier verification, and is gone now
-	expires time.Time   // a failure that may not last (no answer): verify again after it
-	done    atomic.Bool // the fields above are set
+	gonePID int       // the owner answered an earlier verification, and is gone now
+	expires time.Time // a failure that may not last (no answer): verify again after it
+	// timedOut: the owner took the connection and did not answer within
+	// verifyTimeout (stopped, say). The next request verifies it again.
+	timedOut bool
+	done     atomic.Bool // the fields above are set
+}
+
+// awaitError is a request whose context or deadline ended while it
+// waited for a same-node owner's answer: nothing moved. prepare makes it
+// the op's *progress.TimeoutError (awaited).
+type awaitError struct {
+	what     string // what it waited for
+	provider string // the route it would have taken
+	pid      int    // the owner's process (the handle's word when not verified yet)
+	cause    error
+}
+
+func (e *awaitError) Error() string {
+	if errors.Is(e.cause, ErrClosed) {
+		return fmt.Sprintf("waiting for %s (process %d): %v", e.what, e.pid, e.cause)
+	}
+	return fmt.Sprintf("gave up waiting for %s (process %d): %v; it may be stopped, overloaded or not serving its endpoint", e.what, e.pid, e.cause)
+}
+
+func (e *awaitError) Unwrap() error { return e.cause }
+
+// Is reports whether target is ErrTimeout and the cause a deadline.
+func (e *awaitError) Is(target error) bool {
+	return target == ErrTimeout && errors.Is(e.cause, context.DeadlineExceeded)
 }
 
 const (
@@ -567,7 +600,7 @@ func (p *peers) entry(owner ID) *verification {
 	if v == nil && len(p.byID) >= maxVerified {
 		p.evict()
 	}
-	v = &verification{}
+	v = &verification{ready: make(chan struct{})}
 	p.byID[owner] = v
 	return v
 }
@@ -608,12 +641,34 @@ func settled(v *verification) bool { return v.done.Load() }
 // sameNodePeer verifies the owner of r's buffer (once per owner manager)
 // and returns it, or why no same-node route may be used toward it: a
 // *progress.PeerGoneError when the owner, verified before, is gone.
-func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
+//
+// It waits for a verification within t's limits: past them it returns
+// an *awaitError (whose pid is 0: route names the handle's).
+func (m *Manager) sameNodePeer(t *reqTimes, owner ID) (*sameNodePeer, error) {
+	for {
+		p, err := m.sameNodePeerOnce(t, owner)
+		if err != errVerifyAgain {
+			return p, err
+		}
+	}
+}
+
+// errVerifyAgain: the verification a request waited for timed out, and
+// the request's deadline is still ahead: it verifies the owner again.
+var errVerifyAgain = errors.New("verify again")
+
+// sameNodePeerOnce is sameNodePeer's round: errVerifyAgain when the
+// verification it waited for timed out.
+func (m *Manager) sameNodePeerOnce(t *reqTimes, owner ID) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	v := m.verified.entry(owner)
 	m.verified.mu.Unlock()
-	v.once.Do(func() { m.verify(v, owner, 0) })
+	if err := m.await(t, v, owner, 0); err != nil {
+		return nil, err
+	}
 	switch {
+	case v.timedOut:
+		return nil, errVerifyAgain
 	case v.gonePID != 0:
 		return nil, peerGone(v.gonePID)
 	case v.err != nil:
@@ -637,12 +692,16 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	if gone {
 		gonePID = v.peer.pid // an owner that answered before and no longer does is gone
 	}
-	again.once.Do(func() { m.verify(again, owner, gonePID) })
+	if err := m.await(t, again, owner, gonePID); err != nil {
+		return nil, err
+	}
 	switch {
 	case again.gonePID != 0:
 		return nil, peerGone(again.gonePID)
 	case again.err != nil && gone:
 		return nil, peerGone(v.peer.pid)
+	case again.timedOut:
+		return nil, errVerifyAgain
 	case again.err != nil:
 		return nil, again.err // a replaced owner's failure passes, as any verification's
 	case again.peer.gone.Load():
@@ -651,10 +710,29 @@ func (m *Manager) sameNodePeer(owner ID) (*sameNodePeer, error) {
 	return again.peer, nil
 }
 
+// await starts v's verification of owner, unless it started, and waits
+// for it within t's limits: toward an owner that takes the connection
+// and does not answer (stopped, say) a verification takes up to
+// verifyTimeout, and the request's error must come by its own deadline.
+// Past it, it returns an *awaitError; the verification goes on, for the
+// next request.
+func (m *Manager) await(t *reqTimes, v *verification, owner ID, gonePID int) error {
+	if v.done.Load() {
+		return nil
+	}
+	v.start.Do(func() { go m.verify(v, owner, gonePID) })
+	if err := t.waitFor(v.ready); err != nil {
+		return &awaitError{what: "the owner's answer to its verification", cause: err}
+	}
+	return nil
+}
+
 // verify runs the verification of owner into v. A failure that may pass
-// (no answer, a timeout) stands for retryVerify; a refusal (another uid,
-// this process) for good, and so does the failure of an owner that
-// answered before (gonePID: it is gone).
+// stands for retryVerify when nobody answered, not at all when the owner
+// took the connection and did not answer in time (timedOut); a refusal
+// (another uid, this process) stands for good, and so does the failure of
+// an owner that answered before (gonePID: it is gone). A verification that
+// ends after the manager closed ends its connection.
 func (m *Manager) verify(v *verification, owner ID, gonePID int) {
 	peer, err := verifyOwner(owner, m.forgetSameNode)
 	var ne net.Error
@@ -663,11 +741,19 @@ func (m *Manager) verify(v *verification, owner ID, gonePID int) {
 	switch {
 	case err != nil && gonePID != 0:
 		v.gonePID = gonePID
-	case errors.Is(err, errNoAnswer), errors.As(err, &ne) && ne.Timeout():
+	case errors.As(err, &ne) && ne.Timeout():
+		v.timedOut, v.expires = true, time.Now()
+	case errors.Is(err, errNoAnswer):
 		v.expires = time.Now().Add(retryVerify)
 	}
+	v.done.Store(true) // under the lock: close sees it settled, or this sees closed
+	closed := m.verified.closed
 	m.verified.mu.Unlock()
-	v.done.Store(true)
+	close(v.ready)
+	if closed && peer != nil {
+		_ = peer.conn.Close()
+		peer.closeMem()
+	}
 }
 
 // peerGone is the error of an op toward a same-node owner, process pid,
@@ -682,7 +768,7 @@ func peerGone(pid int) *progress.PeerGoneError {
 
 // reverify drops what the verification of owner, old, said, and verifies
 // it again.
-func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
+func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	v := m.verified.byID[owner]
 	if time.Since(old.reverified) < reverifyAfter {
@@ -692,7 +778,11 @@ func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	old.reverified = time.Now()
 	m.verified.mu.Unlock()
 	if v != nil {
-		v.once.Do(func() {}) // a verification under way finishes first
+		// A verification under way finishes first (its starter, which
+		// made it, starts it at once).
+		if err := t.waitFor(v.ready); err != nil {
+			return nil, &awaitError{what: "the owner's answer to its verification", cause: err}
+		}
 		m.verified.mu.Lock()
 		if m.verified.byID[owner] == v && v.peer == old {
 			delete(m.verified.byID, owner)
@@ -701,7 +791,7 @@ func (m *Manager) reverify(owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	}
 	old.replaced.Store(true)
 	_ = old.conn.Close()
-	return m.sameNodePeer(owner)
+	return m.sameNodePeer(t, owner)
 }
 
 // errNoAnswer is a verification that found no manager listening: the
@@ -713,7 +803,13 @@ var errNoAnswer = errors.New("no verified same-node owner: its manager does not 
 func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
 	nc, err := d.Dial("unixpacket", verifySocket(owner))
-	if err != nil {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		// Its manager listens, and takes no connection (its backlog is
+		// full: stopped, say): a timeout, verified again (verify).
+		return nil, fmt.Errorf("no verified same-node owner: its manager takes no connection: %w", err)
+	case err != nil:
 		return nil, fmt.Errorf("%w (%v)", errNoAnswer, errors.Unwrap(err))
 	}
 	c := nc.(*net.UnixConn)
@@ -741,7 +837,7 @@ func verifyOwner(owner ID, onGone func(*sameNodePeer)) (*sameNodePeer, error) {
 		return nil, fmt.Errorf("%w (process %d ended the connection before its proof)", errNoAnswer, cred.Pid)
 	}
 	if err != nil {
-		return fail("process %d did not answer: %v", cred.Pid, err)
+		return fail("process %d did not answer: %w", cred.Pid, err) // %w: a timeout is verified again (verify)
 	}
 	p := &sameNodePeer{conn: c, owner: owner}
 	pid, err := parseProof(b[:n], p)
@@ -801,9 +897,9 @@ func (m *Manager) forgetSameNode(p *sameNodePeer) {
 func (p *peers) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closed = true // a verification under way ends its own (verify)
 	for _, v := range p.byID {
-		v.once.Do(func() {}) // a verification under way finishes first
-		if v.peer != nil {
+		if settled(v) && v.peer != nil {
 			_ = v.peer.conn.Close()
 			v.peer.closeMem()
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -113,7 +114,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if err := ctx.Err(); err != nil {
 		return notStarted(kind, ops, err) // on every route, before anything is looked up or moved
 	}
-	times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
+	times := reqTimes{ctx: ctx, timeout: m.cfg.timeout, quit: m.quit}
 	if err := m.acquire(); err != nil {
 		return err
 	}
@@ -121,6 +122,9 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		m.releaseManager()
 		m.replaceIfStuck(m.backends().sameNode, err)
 		releaseOps(ops)
+		if to, ok := err.(*progress.TimeoutError); ok && to.Awaiting != "" {
+			return notStartedBy(kind, ops, to)
+		}
 		return err
 	}
 	var (
@@ -273,6 +277,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 type reqTimes struct {
 	ctx             context.Context
 	timeout         time.Duration
+	quit            <-chan struct{} // the manager's (Manager.quit); nil for none
 	start, deadline time.Time
 }
 
@@ -287,6 +292,60 @@ func (t *reqTimes) get() (start, deadline time.Time) {
 		t.deadline = d
 	}
 	return t.start, t.deadline
+}
+
+// waitFor waits until ch is closed, or until the request's context or
+// deadline ends, or its manager closes: it then returns the context's
+// error, or context.DeadlineExceeded at the deadline, or ErrClosed.
+func (t *reqTimes) waitFor(ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	default:
+	}
+	_, deadline := t.get()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.ctx.Done():
+		return t.ctx.Err()
+	case <-timer.C:
+		return context.DeadlineExceeded
+	case <-t.quit:
+		return ErrClosed
+	}
+}
+
+// err is the context's error, or context.DeadlineExceeded once the
+// deadline passed, or ErrClosed once the manager closes, or nil.
+func (t *reqTimes) err() error {
+	if err := t.ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-t.quit:
+		return ErrClosed
+	default:
+	}
+	if _, d := t.get(); !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// lockWithin takes mu, polling (a contended mu is rare and held for a
+// round trip to an owner), or returns the error of t's limits when they
+// end first.
+func lockWithin(mu *sync.Mutex, t *reqTimes) error {
+	for pause := 20 * time.Microsecond; !mu.TryLock(); pause = min(2*pause, time.Millisecond) {
+		if err := t.err(); err != nil {
+			return err
+		}
+		time.Sleep(pause)
+	}
+	return nil
 }
 
 // copiesOnly reports whether every op is a copy (same manager, mem) that
@@ -353,11 +412,14 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 				continue
 			}
 		}
-		rt, err := m.route(&o.remote, o.pin)
+		rt, err := m.route(&o.remote, o.pin, times)
 		if rt.gone != nil {
 			rt.gone.Op = o.op
 		}
 		if err != nil {
+			if to := awaited(err, o, times); to != nil {
+				return to
+			}
 			return fmt.Errorf("%s: %w", o.op, err)
 		}
 		b, ep := rt.b, rt.ep
@@ -399,7 +461,10 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 				return err
 			}
 		case o.kind == route.Mem:
-			if err := m.takeMem(ctx, o, rt); err != nil {
+			if err := m.takeMem(times, o, rt); err != nil {
+				if to := awaited(err, o, times); to != nil {
+					return to
+				}
 				return err
 			}
 		case b.Scratch != nil:
@@ -485,12 +550,30 @@ func (m *Manager) bindTarget(o *opSpec) error {
 // notStarted is the error of a request whose context was done before it
 // began: nothing moved.
 func notStarted(kind string, ops []opSpec, err error) error {
+	return notStartedBy(kind, ops, &progress.TimeoutError{Cause: err, NotStarted: true})
+}
+
+// notStartedBy is the error of a request that ended with the timeout to
+// before any of its ops was posted.
+func notStartedBy(kind string, ops []opSpec, to *progress.TimeoutError) error {
 	var total uint64
 	for i := range ops {
 		total += ops[i].remote.n
 	}
-	return &TransferError{Op: kind, Bytes: total, Ops: len(ops),
-		Errs: []error{&progress.TimeoutError{Cause: err, NotStarted: true}}}
+	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Errs: []error{to}}
+}
+
+// awaited is op o's *progress.TimeoutError when err says that its
+// request's limits ended while it waited for a same-node owner's answer
+// (*awaitError), else nil (a manager that closed meanwhile is ErrClosed).
+func awaited(err error, o *opSpec, t *reqTimes) *progress.TimeoutError {
+	var ae *awaitError
+	if !errors.As(err, &ae) || errors.Is(ae.cause, ErrClosed) {
+		return nil
+	}
+	start, _ := t.get()
+	return &progress.TimeoutError{Op: o.op, Provider: ae.provider, Peer: cma.Peer(ae.pid), Bytes: o.remote.n,
+		After: time.Since(start), Cause: ae.cause, Awaiting: ae.what}
 }
 
 // fill builds the job of a network op: chunks no larger than the

@@ -112,12 +112,12 @@ func TestVerifyReplacedOwnerAgain(t *testing.T) {
 			old := &sameNodePeer{pid: os.Getpid(), owner: owner}
 			old.replaced.Store(!tt.gone)
 			old.gone.Store(tt.gone)
-			v := &verification{peer: old}
-			v.once.Do(func() {})
+			v := &verification{peer: old, ready: make(chan struct{})}
+			close(v.ready)
 			v.done.Store(true)
 			m := &Manager{}
 			m.verified.byID = map[ID]*verification{owner: v}
-			_, err := m.sameNodePeer(owner)
+			_, err := m.sameNodePeer(testTimes(), owner)
 			require.Error(t, err)
 			if tt.wantGone {
 				require.ErrorIs(t, err, ErrPeerGone)

@@ -1,0 +1,141 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/mr"
+)
+
+// limits are a request's limits for the tests below: a deadline 200 ms
+// away, or a context canceled by then.
+func limits(t *testing.T, canceled bool) *reqTimes {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if canceled {
+		ctx, cancel = context.WithCancel(context.Background())
+		time.AfterFunc(200*time.Millisecond, cancel) // the caller's cancel, mid-wait
+	} else {
+		ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	}
+	t.Cleanup(cancel)
+	return &reqTimes{ctx: ctx, timeout: DefaultTimeout}
+}
+
+// requireGaveUp checks that a request gave up on an owner's answer at its
+// limits (an *awaitError of their class), well before verifyTimeout.
+func requireGaveUp(t *testing.T, err error, canceled bool, took time.Duration) {
+	t.Helper()
+	var ae *awaitError
+	require.ErrorAs(t, err, &ae)
+	if canceled {
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, ErrTimeout, "a cancel is no timeout")
+	} else {
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, ErrTimeout)
+	}
+	require.Less(t, took, verifyTimeout, "the wait ends at the request's limits, not the handshake's")
+}
+
+// TestMemLinkDialWithinLimits: a request waits for the mem link's setup
+// only within its limits, toward an owner's socket that takes the
+// connection and never answers; the dial goes on without it, ends by its
+// own bound, and its failure then stands for the next request.
+func TestMemLinkDialWithinLimits(t *testing.T) {
+	for _, canceled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deadline", true: "cancel"}[canceled], func(t *testing.T) {
+			owner := newManagerID()
+			ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: verifySocket(owner), Net: "unixpacket"})
+			require.NoError(t, err)
+			defer ln.Close() // connections wait in its backlog, unanswered
+			p := &sameNodePeer{pid: os.Getpid(), owner: owner}
+			start := time.Now()
+			_, err = p.memLink(limits(t, canceled))
+			requireGaveUp(t, err, canceled, time.Since(start))
+
+			p.memMu.Lock()
+			dialed := p.dialed
+			p.memMu.Unlock()
+			select {
+			case <-dialed:
+			case <-time.After(3 * verifyTimeout):
+				t.Fatal("the dial never ended")
+			}
+			_, err = p.memLink(testTimes())
+			require.Error(t, err, "the dial's failure stands")
+			var ae *awaitError
+			require.NotErrorAs(t, err, &ae)
+		})
+	}
+}
+
+// TestMapAskWithinLimits: a request waits for the owner's answer for a
+// buffer only within its limits, whether its own question goes
+// unanswered or another op's holds the link. The link stays: the answer
+// that comes late is skipped, and the next question gets its own (buffer
+// 2's file, not buffer 1's).
+func TestMapAskWithinLimits(t *testing.T) {
+	const size = 4096
+	ep := func(slot uint32) *remoteEP { return &remoteEP{key: 7, base: 8, guard: &guardRef{slot: slot, gen: 1}} }
+	rb := func(id uint64) *RemoteBuffer { return &RemoteBuffer{id: id, size: size, n: size, access: mr.ReadWrite} }
+	for _, canceled := range []bool{false, true} {
+		name := map[bool]string{false: "deadline", true: "cancel"}[canceled]
+		t.Run(name+"/answered late", func(t *testing.T) {
+			bufs := [2][]byte{}
+			for i := range bufs {
+				b, err := mr.Alloc(size)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = mr.Free(b) })
+				copy(b, fmt.Sprintf("buffer %d", i+1))
+				bufs[i] = b
+			}
+			ini, own := seqpacketPair(t)
+			release := make(chan struct{})
+			go func() { // the owner answers in order, the first answer once released
+				b := make([]byte, 64)
+				for i := 0; i < 2; i++ {
+					n, err := own.Read(b)
+					if err != nil {
+						return
+					}
+					if i == 0 {
+						<-release
+					}
+					fd, _, _ := mr.File(bufs[i], false)
+					_ = memAnswer(own, memOK, "", size, b[4:24:n], fd)
+					_ = unix.Close(fd)
+				}
+			}()
+			l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{},
+				gens: make([]uint64, 8)}
+			start := time.Now()
+			_, err := l.get(limits(t, canceled), rb(1), ep(1))
+			requireGaveUp(t, err, canceled, time.Since(start))
+			require.False(t, l.done.Load(), "a request's own limits do not end the link")
+			close(release)
+			mm, err := l.get(testTimes(), rb(2), ep(2))
+			require.NoError(t, err)
+			require.Equal(t, "buffer 2", string(mm.b[:8]), "buffer 2's mapping is another buffer's file")
+			mm.unref()
+			require.False(t, l.done.Load())
+		})
+		t.Run(name+"/link busy", func(t *testing.T) {
+			ini, _ := seqpacketPair(t)
+			l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{}}
+			l.mu.Lock() // another op's question, unanswered
+			defer l.mu.Unlock()
+			start := time.Now()
+			_, err := l.get(limits(t, canceled), rb(1), ep(1))
+			requireGaveUp(t, err, canceled, time.Since(start))
+			require.False(t, l.done.Load(), "the other op's question is not this one's to end")
+		})
+	}
+}
