@@ -158,6 +158,7 @@ type Loop struct {
 	drivers atomic.Int32  // goroutines driving progress in Wait
 	polled  atomic.Int64  // when Poll was last called (monoNow)
 	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
+	polls   atomic.Uint64 // Poll calls so far (Polls)
 	// posted and completed count ops (Activity): a caller watching for a
 	// link that stopped moving reads them from another goroutine.
 	posted, completed atomic.Uint64
@@ -541,6 +542,10 @@ func (l *Loop) Activity() (posted, completed uint64) { return l.posted.Load(), l
 // CPU, for grace periods that must not run out on a loaded machine.
 func (l *Loop) Rounds() uint64 { return l.rounds.Load() }
 
+// Polls is how many times Poll (or PollIfWanted) polled the endpoint, or
+// tried to while another goroutine held it.
+func (l *Loop) Polls() uint64 { return l.polls.Load() }
+
 // InFlight is how many ops are posted and not completed; only inside Do.
 func (l *Loop) InFlight() int { return l.inflight }
 
@@ -552,6 +557,7 @@ func (l *Loop) Poll() bool { return l.pollAt(monoNow()) }
 
 // pollAt is Poll at now (monoNow).
 func (l *Loop) pollAt(now int64) bool {
+	l.polls.Add(1)
 	if l.passive {
 		return l.pollPassive()
 	}

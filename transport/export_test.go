@@ -106,6 +106,18 @@ func LoopRounds(m *Manager) map[string]uint64 {
 	return out
 }
 
+// LoopPolls counts, by backend, the polls of m's endpoints by callers
+// (progress.Loop.Polls).
+func LoopPolls(m *Manager) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, b := range m.backends().all {
+		if !b.Retired.Load() {
+			out[b.Name()] += b.Polls()
+		}
+	}
+	return out
+}
+
 // MemoOps counts the ops that took h's remembered mem routes (memFast),
 // or -1 when h remembers none.
 func MemoOps(h RemoteBuffer) int64 {

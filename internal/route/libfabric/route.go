@@ -137,6 +137,9 @@ func (r *Route) Parked() bool { return r.loop.Parked() }
 // within 16 (progress.Loop.Rounds).
 func (r *Route) Rounds() uint64 { return r.loop.Rounds() }
 
+// Polls is how many times callers polled the endpoint (progress.Loop.Polls).
+func (r *Route) Polls() uint64 { return r.loop.Polls() }
+
 // Attend keeps the progress loop polling for a peer that may need it,
 // until release is called (progress.Loop.Attend).
 func (r *Route) Attend() (release func()) { return r.loop.Attend() }
