@@ -53,7 +53,7 @@ func TestRails(t *testing.T) {
 	t.Cleanup(func() { _ = lab.Close() })
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	for _, name := range []string{"stripe", "stale", "allocs", "cut-one", "late-write", "cut-all"} {
+	for _, name := range []string{"stripe", "stale", "stopped", "allocs", "cut-one", "late-write", "cut-all"} {
 		t.Run(name, func(t *testing.T) {
 			if name == "allocs" && raceEnabled {
 				t.Skip("the race detector allocates for its own bookkeeping; make test runs this case without it")
@@ -94,11 +94,11 @@ func runInLab(t *testing.T, spec string) {
 	// TestMain kept tcp to loopback; the lab's hosts talk over their
 	// rails (peers started from here inherit this).
 	require.NoError(t, os.Unsetenv(testenv.TCPIfaceEnv))
-	newCase := func(t *testing.T, providers ...string) *railCase {
+	newCase := func(t *testing.T, timeout time.Duration, providers ...string) *railCase {
 		if providers == nil {
 			providers = []string{"tcp"}
 		}
-		m, err := transport.New(context.Background(), transport.WithProviders(providers...), transport.WithTimeout(railTimeout))
+		m, err := transport.New(context.Background(), transport.WithProviders(providers...), transport.WithTimeout(timeout))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		require.Len(t, m.Rails(), n, "%s names %d rails", transport.RailsEnv, n)
@@ -107,7 +107,7 @@ func runInLab(t *testing.T, spec string) {
 		return &railCase{lab: lab, m: m, peer: testpeer.StartIn(t, lab.B, "tcp"), seed: seed}
 	}
 	t.Run("stripe", func(t *testing.T) {
-		c := newCase(t)
+		c := newCase(t, railTimeout)
 		w := c.newWorker(t, 1, 64<<20)
 		for i := 0; i < 40; i++ {
 			require.NoError(t, w.op())
@@ -121,7 +121,7 @@ func runInLab(t *testing.T, spec string) {
 		// A striped read of a buffer its owner closed fails as a stale
 		// handle — the owner's refusal, not the rails' — and takes no
 		// rail out of use.
-		c := newCase(t)
+		c := newCase(t, railTimeout)
 		w := c.newWorker(t, 1, 16<<20)
 		require.NoError(t, w.op())
 		c.peerMu.Lock()
@@ -136,6 +136,35 @@ func runInLab(t *testing.T, spec string) {
 			assert.Zero(t, r.Failures, "rail %d", r.Rail)
 		}
 	})
+	t.Run("stopped", func(t *testing.T) {
+		// A read below the striping size (one rail) of an owner that
+		// stopped ends at the request's deadline, the manager's timeout
+		// as the context has none, and takes no rail out of use: a
+		// stopped owner is no rail's fault, and the request is not tried
+		// again over the other rails with a deadline of its own.
+		const timeout = 2 * time.Second
+		c := newCase(t, timeout)
+		w := c.newWorker(t, 1, 64<<10)
+		local, err := w.reg.Slice(0, 4096)
+		require.NoError(t, err)
+		remote, err := w.remote.Slice(0, 4096)
+		require.NoError(t, err)
+		require.NoError(t, c.m.ReadInto(context.Background(), local, remote))
+		c.peer.Stop()
+		defer c.peer.Continue()
+		start := time.Now()
+		err = c.m.ReadInto(context.Background(), local, remote)
+		took := time.Since(start)
+		t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+		assert.ErrorIs(t, err, transport.ErrTimeout)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Less(t, took, timeout+time.Second, "the error comes within the deadline + 1 s")
+		assert.GreaterOrEqual(t, took, timeout, "not before the deadline")
+		for _, r := range c.m.Rails() {
+			assert.True(t, r.Up, "rail %d", r.Rail)
+			assert.Zero(t, r.Failures, "rail %d", r.Rail)
+		}
+	})
 	t.Run("allocs", func(t *testing.T) {
 		// A ReadInto or WriteFrom below the striping size goes to one
 		// rail as it is: nothing allocated per op, as with one rail
@@ -144,7 +173,7 @@ func runInLab(t *testing.T, spec string) {
 		if raceEnabled {
 			t.Skip("the race detector allocates for its own bookkeeping; make test runs this case without it")
 		}
-		c := newCase(t)
+		c := newCase(t, railTimeout)
 		w := c.newWorker(t, 1, 64<<10)
 		ctx := context.Background()
 		for _, n := range []uint64{8, 4096, 64 << 10} {
@@ -171,7 +200,7 @@ func runInLab(t *testing.T, spec string) {
 		}
 	})
 	t.Run("cut-one", func(t *testing.T) {
-		c := newCase(t)
+		c := newCase(t, railTimeout)
 		const cut = 2
 		var (
 			wg    sync.WaitGroup
@@ -238,7 +267,7 @@ func runInLab(t *testing.T, spec string) {
 		// and returns nil; what the cut rail's sockets still queued must
 		// never reach the owner — not even when the link comes back,
 		// after a newer write to the same bytes returned.
-		c := newCase(t)
+		c := newCase(t, railTimeout)
 		const cut = 1
 		w := c.newWorker(t, 1, 64<<20)
 		writeAll := func() {
@@ -267,7 +296,7 @@ func runInLab(t *testing.T, spec string) {
 			"VIOLATION: the owner's bytes changed after the newer write returned nil (the cut rail's queued data arrived late)")
 	})
 	t.Run("cut-all", func(t *testing.T) {
-		c := newCase(t, "tcp", testenv.RouteCMA) // cma for the same-node read at the end
+		c := newCase(t, railTimeout, "tcp", testenv.RouteCMA) // cma for the same-node read at the end
 		w := c.newWorker(t, 1, 256<<20)
 		local, err := c.m.Register(w.local, 0)
 		require.NoError(t, err)

@@ -352,6 +352,13 @@ func (m *Manager) run(ctx context.Context, kind string, ops []opSpec) error {
 	if !m.railRedo(ctx, rail, o) {
 		return err
 	}
+	if _, ok := ctx.Deadline(); !ok && !o.deadline.IsZero() {
+		// The request's one deadline: the manager's timeout from its
+		// first try, not a second one from the redo.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, o.deadline)
+		defer cancel()
+	}
 	ops[0] = saved
 	return m.runRails(ctx, kind, ops)
 }
@@ -367,8 +374,8 @@ func (m *Manager) railRedo(ctx context.Context, rail int, o *opSpec) bool {
 		// posted on an endpoint nothing can close.
 		m.railFailed(rail, nil, o.fail)
 	}
-	if o.fail == nil || !m.railFault(o.fail) || ctx.Err() != nil || pastDeadline(ctx) {
-		return false
+	if o.fail == nil || !m.railFault(o.fail) || ctx.Err() != nil || pastDeadline(ctx) || !o.deadline.IsZero() && !time.Now().Before(o.deadline) {
+		return false // (a context without a deadline had the manager's: o.deadline)
 	}
 	m.railFailed(rail, o.b, o.fail)
 	return true

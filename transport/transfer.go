@@ -92,6 +92,9 @@ type opSpec struct {
 	sent      uint64 // bytes handed to jobs so far (see shmPart)
 	pin       int    // 1 + the rail a piece must take (run); 0: any
 	fail      error  // its first error, once executed
+	// deadline: its request's, once its job was filled (fabric ops): a
+	// redo over the rails (run) keeps it.
+	deadline time.Time
 }
 
 // failed records o's first error.
@@ -154,6 +157,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		x := o.b.NewXfer(o.local.st)
 		o.x, o.local.st = x, nil // the Xfer releases the local ref now
 		start, deadline := times.get()
+		o.deadline = deadline
 		if err := m.fill(x, o, start, deadline); err != nil {
 			o.failed(err)
 			errs = append(errs, err)
