@@ -12,7 +12,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/fitransfer
 SUDO  := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := libfabric-dev libfabric-bin pkg-config iproute2
+APT_PACKAGES := libfabric-dev libfabric-bin pkg-config iproute2 gdb
 
 # The runtime linker must load the libfabric cgo compiled against. make's
 # $(shell) does not see exported variables, so PKG_CONFIG_PATH is passed.
@@ -44,7 +44,8 @@ libfabric2:
 
 deps: $(DEPS_2)
 	@if ! command -v pkg-config >/dev/null || ! pkg-config --exists libfabric \
-	    || ! command -v fi_info >/dev/null || ! command -v ip >/dev/null; then \
+	    || ! command -v fi_info >/dev/null || ! command -v ip >/dev/null \
+	    || ! command -v gdb >/dev/null; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \

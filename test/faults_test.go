@@ -6,6 +6,7 @@ import (
 	"context"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
@@ -199,6 +201,62 @@ func TestInitiatorKilled(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestInitiatorKilledMidCommand: on libfabric 2.x's shm an initiator
+// claims a slot of the owner's command queue, fills it, then commits it
+// (smr_generic_rma, prov/shm/src/smr_rma.c, v2.1.0); one killed in
+// between stops the owner's reader at that slot for good, while the
+// owner's progress calls go on returning. gdb kills the victim there, at
+// smr_do_iov. The owner's check after the death finds its endpoint
+// serving nothing and replaces it: a new buffer and a new initiator
+// work. (1.x's shm holds a region lock there instead: TestInitiatorKilled.)
+func TestInitiatorKilledMidCommand(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	if fabric.RuntimeVersion().Major() < 2 {
+		t.Skip("libfabric 1.x's shm has no command queue to stall; its region lock is TestInitiatorKilled's")
+	}
+	gdbPath := testenv.RequireTool(t, "gdb")
+	owner := testpeer.Start(t, testenv.RouteSHM)
+	h := owner.Register(big, mr.ReadWrite, 5)
+	victim := testpeer.Start(t, testenv.RouteSHM)
+	victim.Register(big, mr.ReadWrite, 6)
+
+	gdb := exec.Command(gdbPath, "-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
+		// Go's own signals (preemption, children) must not end the continue.
+		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass",
+		"-ex", "break smr_do_iov", "-ex", "continue", "-ex", "kill")
+	out, err := gdb.StdoutPipe()
+	require.NoError(t, err)
+	gdb.Stderr = gdb.Stdout
+	require.NoError(t, gdb.Start())
+	t.Cleanup(func() { _ = gdb.Process.Kill(); _ = gdb.Wait() })
+	// A victim that never reaches the breakpoint must not hang the test.
+	defer time.AfterFunc(time.Minute, func() { _ = gdb.Process.Kill() }).Stop()
+	lines := bufio.NewScanner(out)
+	var said strings.Builder
+	for !strings.Contains(said.String(), "Breakpoint 1 at") {
+		require.True(t, lines.Scan(), "gdb set no breakpoint at smr_do_iov in the victim's libfabric:\n%s", said.String())
+		said.WriteString(lines.Text() + "\n")
+	}
+	// gdb lets the victim go on now (continue): its writes come to the
+	// breakpoint, where gdb kills it.
+	victim.Loop("write", 0, h)
+	for lines.Scan() {
+		said.WriteString(lines.Text() + "\n")
+	}
+	require.NoError(t, gdb.Wait(), "%s", said.String())
+	require.Contains(t, said.String(), "Breakpoint 1, ", "the victim never reached smr_do_iov:\n%s", said.String())
+	require.Contains(t, said.String(), "killed", "%s", said.String())
+	victim.Kill() // reaps it, and removes its region
+
+	fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
+	require.NoError(t, err, "the owner registers after its initiator died mid-command")
+	other := testpeer.Start(t, testenv.RouteSHM)
+	other.Register(4096, mr.ReadWrite, 7)
+	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator")
+	assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 7)), owner.Sum(1, 0, 4096))
+	require.NoError(t, other.Transfer("read", 0, fresh))
 }
 
 // TestOwnerStopped: a transfer to an owner stopped by SIGSTOP completes

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -13,7 +14,9 @@ func testTimes() *reqTimes {
 
 // ReplaceSameNode retires m's shm endpoint as if it were stuck inside
 // libfabric, and opens another: the path a wedge takes, without the wedge.
-func ReplaceSameNode(m *Manager) error { return m.replaceSameNode(m.backends().sameNode) }
+func ReplaceSameNode(m *Manager) error {
+	return m.replaceSameNode(m.backends().sameNode, errors.New("replaced by a test"))
+}
 
 // HoldEndpoint runs, on m's first endpoint, a call that returns only when
 // release is closed: an endpoint stuck inside libfabric, as the loop sees

@@ -819,10 +819,12 @@ func (m *Manager) acquire() error {
 func (m *Manager) releaseManager() { m.mu.RUnlock() }
 
 // replaceSameNode retires the shm backend old, whose endpoint is stuck
-// inside libfabric (libfabric 1.x's shm spins forever on a region lock a
-// peer held when it died), and opens a new shm endpoint in its place, so
-// that one peer's death costs this manager its old shm endpoint and the
-// thread stuck in it — not its same-node service. Buffers registered
+// (why): inside libfabric (libfabric 1.x's shm spins forever on a region
+// lock a peer held when it died), or serving no command (2.x's shm, whose
+// command queue a peer killed mid-post stalls), and opens a new shm
+// endpoint in its place, so that one peer's death costs this manager its
+// old shm endpoint (and on 1.x the thread stuck in it) — not its
+// same-node service. Buffers registered
 // before keep their other routes; peers verified before re-verify and
 // learn the new shm address. It does nothing when old is no longer the
 // shm backend.
@@ -830,7 +832,7 @@ func (m *Manager) releaseManager() { m.mu.RUnlock() }
 // It holds the manager only as a transfer does (read), so that transfers
 // on other routes go on meanwhile: a writer waiting for a transfer stuck
 // behind the wedged endpoint would stop every new one.
-func (m *Manager) replaceSameNode(old *libfabric.Route) error {
+func (m *Manager) replaceSameNode(old *libfabric.Route, why error) error {
 	if err := m.acquire(); err != nil {
 		return nil // closing: nothing to replace
 	}
@@ -860,8 +862,8 @@ func (m *Manager) replaceSameNode(old *libfabric.Route) error {
 	if m.verifier != nil {
 		m.verifier.dropPeers() // they hold the old shm address
 	}
-	m.log.Warn().Str("old", old.Address()).Str("new", b.Address()).
-		Msg("shm endpoint stuck inside libfabric: retired, and a new one opened")
+	m.log.Warn().Err(why).Str("old", old.Address()).Str("new", b.Address()).
+		Msg("shm endpoint stuck: retired, and a new one opened")
 	return nil
 }
 
@@ -872,5 +874,5 @@ func (m *Manager) replaceIfStuck(b *libfabric.Route, err error) bool {
 	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.Wedged() == nil {
 		return false
 	}
-	return m.replaceSameNode(b) == nil
+	return m.replaceSameNode(b, err) == nil
 }

@@ -4,13 +4,15 @@ import (
 	"errors"
 	"net"
 
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
 // afterPeerDeaths checks the shm endpoint when a verified same-node peer
 // has died or left since the last check, where a dead peer can leave it
 // blocked without its own loop noticing (libfabric.Route.SelfCheckNeeded):
-// an op to itself, and a replacement when that op wedges. The verifier
+// an op to itself, and a replacement when that op wedges (1.x) or is not
+// served (2.x: libfabric.ErrSelfCheckStalled). The verifier
 // runs it when a peer's connection ends (left; the peer may be exiting,
 // or just done), and a registration before it registers (nil: the
 // pidfds of the peers still connected say who died), so that a buffer
@@ -49,8 +51,8 @@ func (m *Manager) afterPeerDeaths(left *net.UnixConn) {
 	switch {
 	case err == nil:
 		m.deathsChecked = seen
-	case errors.As(err, &we):
-		if m.replaceSameNode(b) == nil { // it logs what it did
+	case errors.As(err, &we), errors.Is(err, libfabric.ErrSelfCheckStalled):
+		if m.replaceSameNode(b, err) == nil { // it logs what it did
 			m.deathsChecked = seen
 		}
 	case v.stop.Err() == nil:

@@ -8,6 +8,7 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -32,6 +33,17 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		Missing(t, fmt.Sprintf("needs root, runs as uid %d", os.Geteuid()))
 	}
+}
+
+// RequireTool needs the command name on PATH (make deps installs it), and
+// returns its path.
+func RequireTool(t testing.TB, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		Missing(t, fmt.Sprintf("needs %s on PATH (make deps installs it)", name))
+	}
+	return path
 }
 
 // LoopbackOnly keeps libfabric's tcp provider on the loopback interface

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -17,10 +18,26 @@ import (
 // looks at the lock only when the peer signalled it — so a peer killed
 // mid-copy blocks every later peer inside its fi_write, while this side's
 // progress calls go on returning (prov/shm/src/smr_rma.c, smr_progress.c,
-// v1.17.0).
+// v1.17.0). On 2.x, see stallsSilently.
 func (r *Route) SelfCheckNeeded() bool {
-	return r.Scratch != nil && r.loop.Endpoint().CallsMayNeverReturn()
+	return r.Scratch != nil && (r.loop.Endpoint().CallsMayNeverReturn() || r.stallsSilently())
 }
+
+// stallsSilently reports whether a dead peer can stop this endpoint from
+// reading any command again while its progress calls go on returning:
+// libfabric 2.x's shm, where a peer claims a slot of this endpoint's
+// command queue, fills it, then commits it (smr_generic_rma,
+// prov/shm/src/smr_rma.c, v2.1.0), and the reader stops at a claimed slot
+// not committed yet (ofi_atomic_queue.h) — for good when that peer was
+// killed in between.
+func (r *Route) stallsSilently() bool {
+	return r.Provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() >= 2
+}
+
+// ErrSelfCheckStalled is a self check whose read the endpoint did not
+// serve within its policy's WedgeAfter while its progress calls returned
+// (stallsSilently): a dead peer left its command queue stalled.
+var ErrSelfCheckStalled = errors.New("the shm endpoint serves no command: a dead peer left a slot of its command queue claimed and never committed")
 
 // SelfCheck reads the first entry of the route's own guard table through
 // its own endpoint: on shm an op to oneself takes the region lock as a
@@ -37,8 +54,12 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	// Past the wedge: a stuck read ends as wedged, not as late.
+	// Past the wedge: a stuck read ends as wedged, not as late. An
+	// endpoint that stalls silently wedges nothing: its read stays unserved.
 	deadline := start.Add(2 * r.loop.WedgeAfter())
+	if r.stallsSilently() {
+		deadline = start.Add(r.loop.WedgeAfter())
+	}
 	x := r.NewXfer(nil)
 	x.Aim(p, progress.Read, start, deadline, os.Getpid())
 	// The waiter's hold; a loop that keeps the job (wedged) keeps its own.
@@ -53,6 +74,10 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 		return err // a wedged loop keeps the job, and its own hold on the scratch
 	}
 	if j := x.Job(); len(j.Errs) > 0 {
+		var to *progress.TimeoutError
+		if r.stallsSilently() && ctx.Err() == nil && errors.As(j.Errs[0], &to) && !to.Left {
+			return fmt.Errorf("self check: %w (%w)", ErrSelfCheckStalled, j.Errs[0])
+		}
 		return fmt.Errorf("self check: %w", j.Errs[0])
 	}
 	return nil
