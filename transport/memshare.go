@@ -354,9 +354,11 @@ type memLink struct {
 	maps  map[uint64]*memMap // by buffer id; under mu
 	late  int                // answers still to come to questions given up on (ask); under mu
 	done  atomic.Bool        // closed: the owner is gone, this manager closes, or the connection failed
-	// users counts the ops between hold and drop: the generations and
-	// use pages and the pidfd above are theirs to read until the link is
-	// done and the last of them drops it (free).
+	// users counts the ops between hold and drop, and has linkEndedBit
+	// set once the link ended (end): the generations and use pages and
+	// the pidfd above are theirs to read until the last of them drops a
+	// link that ended (free). One word, so that the last drop and the end
+	// agree on who frees.
 	users    atomic.Int64
 	gm       []byte // the generations mapping as mapped (gens and life are views of it)
 	freeOnce sync.Once
@@ -531,7 +533,7 @@ func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds
 		case sent && t != nil && t.err() != nil && errors.As(err, &ne) && ne.Timeout():
 			l.late++
 		default:
-			l.done.Store(true)
+			l.end()
 			_ = l.conn.Close()
 		}
 	}()
@@ -752,35 +754,54 @@ func (l *memLink) sweep() {
 // op holds the link any more (free).
 func (l *memLink) close() {
 	l.mu.Lock()
-	l.done.Store(true)
+	unused := l.mark()
 	for id, mm := range l.maps {
 		delete(l.maps, id)
 		mm.unref()
 	}
 	_ = l.conn.Close()
 	l.mu.Unlock()
-	if l.users.Load() == 0 {
+	if unused {
+		l.free()
+	}
+}
+
+// linkEndedBit is set in memLink.users once the link ended.
+const linkEndedBit = 1 << 62
+
+// mark ends the link for hold: done, and linkEndedBit set. It reports
+// whether the link had no user and had not ended before: its caller
+// frees it then, the last user's drop otherwise.
+func (l *memLink) mark() bool {
+	l.done.Store(true)
+	return l.users.Or(linkEndedBit) == 0
+}
+
+// end ends the link (mark), and frees it when nobody holds it.
+func (l *memLink) end() {
+	if l.mark() {
 		l.free()
 	}
 }
 
 // hold counts an op as a user of the link's pages and pidfd, unless the
-// link is done: it then reports false, and the op must not touch them
+// link ended: it then reports false, and the op must not touch them
 // (they may be gone). Every hold that reports true is ended by a drop.
 func (l *memLink) hold() bool {
-	l.users.Add(1)
-	if l.done.Load() {
-		l.drop()
-		return false
+	for {
+		n := l.users.Load()
+		if n&linkEndedBit != 0 {
+			return false
+		}
+		if l.users.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	return true
 }
 
-// drop ends a hold; the last user of a done link frees it. (Done is set
-// before close looks at the count, and an op holds before it looks at
-// done: one of the two sees the other and frees.)
+// drop ends a hold; the last user of a link that ended frees it.
 func (l *memLink) drop() {
-	if l.users.Add(-1) == 0 && l.done.Load() {
+	if l.users.Add(-1) == linkEndedBit {
 		l.free()
 	}
 }
