@@ -524,6 +524,11 @@ func (e *memAnswerError) Error() string { return "the owner refuses: " + e.why }
 // step, so it ends the link: the next op dials again. Under l.mu, or
 // before l is shared.
 func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds []int, err error) {
+	if t != nil {
+		if err := t.err(); err != nil {
+			return 0, nil, err // nothing asked: the link stays as it is
+		}
+	}
 	sent := false
 	defer func() {
 		var refused *memAnswerError
@@ -542,13 +547,27 @@ func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds
 		if _, d := t.get(); d.Before(deadline) {
 			deadline = d
 		}
-		if t.ctx.Done() != nil {
-			// A cancel ends the wait as the deadline would.
-			stop := context.AfterFunc(t.ctx, func() { _ = l.conn.SetDeadline(time.Unix(1, 0)) })
-			defer stop()
-		}
 	}
 	_ = l.conn.SetDeadline(deadline)
+	if t != nil && t.ctx.Done() != nil {
+		// A cancel ends the wait as the deadline would; only while this
+		// ask runs: the next one sets a deadline of its own.
+		var mu sync.Mutex
+		active := true
+		stop := context.AfterFunc(t.ctx, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if active {
+				_ = l.conn.SetDeadline(time.Unix(1, 0))
+			}
+		})
+		defer func() {
+			stop()
+			mu.Lock()
+			active = false
+			mu.Unlock()
+		}()
+	}
 	if _, err := l.conn.Write(req); err != nil {
 		return 0, nil, err
 	}
@@ -582,14 +601,17 @@ func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds
 			closeAll()
 			return 0, nil, errors.New("a malformed answer")
 		}
-		if string(b[13:33]) == string(echo) {
+		if l.late == 0 {
 			break
 		}
+		// The answer to a question given up on, whatever it echoes (two
+		// questions may echo alike): the owner answers each, in order.
 		closeAll()
-		if l.late == 0 {
-			return 0, nil, errors.New("an answer to another request")
-		}
-		l.late-- // the answer to a question given up on: the owner answers in order
+		l.late--
+	}
+	if string(b[13:33]) != string(echo) {
+		closeAll()
+		return 0, nil, errors.New("an answer to another request")
 	}
 	switch {
 	case b[4] != memOK:

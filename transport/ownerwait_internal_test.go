@@ -81,13 +81,20 @@ func TestMemLinkDialWithinLimits(t *testing.T) {
 // buffer only within its limits, whether its own question goes
 // unanswered or another op's holds the link. The link stays: the answer
 // that comes late is skipped, and the next question gets its own (buffer
-// 2's file, not buffer 1's).
+// 2's file, not buffer 1's), even when it echoes alike (the same buffer,
+// slot and generation: a handle altered in its key).
 func TestMapAskWithinLimits(t *testing.T) {
 	const size = 4096
-	ep := func(slot uint32) *remoteEP { return &remoteEP{key: 7, base: 8, guard: &guardRef{slot: slot, gen: 1}} }
+	ep := func(slot uint32, key uint64) *remoteEP {
+		return &remoteEP{key: key, base: 8, guard: &guardRef{slot: slot, gen: 1}}
+	}
 	rb := func(id uint64) *RemoteBuffer { return &RemoteBuffer{id: id, size: size, n: size, access: mr.ReadWrite} }
-	for _, canceled := range []bool{false, true} {
-		name := map[bool]string{false: "deadline", true: "cancel"}[canceled]
+	for _, tc := range []struct {
+		name     string
+		canceled bool
+		alike    bool // the next question echoes as the late one
+	}{{"deadline", false, false}, {"cancel", true, false}, {"deadline/echoed alike", false, true}} {
+		canceled, name := tc.canceled, tc.name
 		t.Run(name+"/answered late", func(t *testing.T) {
 			bufs := [2][]byte{}
 			for i := range bufs {
@@ -117,11 +124,15 @@ func TestMapAskWithinLimits(t *testing.T) {
 			l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{},
 				gens: make([]uint64, 8)}
 			start := time.Now()
-			_, err := l.get(limits(t, canceled), rb(1), ep(1))
+			_, err := l.get(limits(t, canceled), rb(1), ep(1, 7))
 			requireGaveUp(t, err, canceled, time.Since(start))
 			require.False(t, l.done.Load(), "a request's own limits do not end the link")
 			close(release)
-			mm, err := l.get(testTimes(), rb(2), ep(2))
+			next, nextEP := rb(2), ep(2, 7)
+			if tc.alike {
+				next, nextEP = rb(1), ep(1, 9)
+			}
+			mm, err := l.get(testTimes(), next, nextEP)
 			require.NoError(t, err)
 			require.Equal(t, "buffer 2", string(mm.b[:8]), "buffer 2's mapping is another buffer's file")
 			mm.unref()
@@ -133,9 +144,35 @@ func TestMapAskWithinLimits(t *testing.T) {
 			l.mu.Lock() // another op's question, unanswered
 			defer l.mu.Unlock()
 			start := time.Now()
-			_, err := l.get(limits(t, canceled), rb(1), ep(1))
+			_, err := l.get(limits(t, canceled), rb(1), ep(1, 7))
 			requireGaveUp(t, err, canceled, time.Since(start))
 			require.False(t, l.done.Load(), "the other op's question is not this one's to end")
 		})
 	}
+}
+
+// TestVerifyAgainDoesNotSpin: an owner whose queue of connections is full
+// refuses a connection at once (EAGAIN, which Go counts as a timeout). A
+// request verifies it again only verifyTimeout after the last try began,
+// not in a loop, and gets its error at its limits.
+func TestVerifyAgainDoesNotSpin(t *testing.T) {
+	owner := newManagerID()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: verifySocket(owner)}))
+	require.NoError(t, unix.Listen(fd, 0)) // one connection waits, the next is refused
+	for i := 0; ; i++ {
+		require.Less(t, i, 16, "the owner's queue never filled")
+		c, err := net.Dial("unixpacket", verifySocket(owner))
+		if err != nil {
+			break
+		}
+		defer c.Close()
+	}
+	m := &Manager{}
+	start := time.Now()
+	_, err = m.sameNodePeer(limits(t, false), owner)
+	requireGaveUp(t, err, false, time.Since(start))
+	require.LessOrEqual(t, m.verified.runs.Load(), uint64(2), "verifications run within 200 ms")
 }

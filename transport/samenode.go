@@ -533,7 +533,8 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 type peers struct {
 	mu     sync.Mutex
 	byID   map[ID]*verification
-	closed bool // the manager closed: a verification that ends now ends its connection
+	closed bool          // the manager closed: a verification that ends now ends its connection
+	runs   atomic.Uint64 // verifications run (tests)
 }
 
 // verification is one verification of an owner. It runs in a goroutine
@@ -547,7 +548,8 @@ type verification struct {
 	gonePID int       // the owner answered an earlier verification, and is gone now
 	expires time.Time // a failure that may not last (no answer): verify again after it
 	// timedOut: the owner took the connection and did not answer within
-	// verifyTimeout (stopped, say). The next request verifies it again.
+	// verifyTimeout (stopped, say), or refused it at once (its queue of
+	// connections full). Requests verify it again from expires on.
 	timedOut bool
 	done     atomic.Bool // the fields above are set
 }
@@ -668,7 +670,7 @@ func (m *Manager) sameNodePeerOnce(t *reqTimes, owner ID) (*sameNodePeer, error)
 	}
 	switch {
 	case v.timedOut:
-		return nil, errVerifyAgain
+		return nil, m.verifyAgain(t, v)
 	case v.gonePID != 0:
 		return nil, peerGone(v.gonePID)
 	case v.err != nil:
@@ -701,13 +703,29 @@ func (m *Manager) sameNodePeerOnce(t *reqTimes, owner ID) (*sameNodePeer, error)
 	case again.err != nil && gone:
 		return nil, peerGone(v.peer.pid)
 	case again.timedOut:
-		return nil, errVerifyAgain
+		return nil, m.verifyAgain(t, again)
 	case again.err != nil:
 		return nil, again.err // a replaced owner's failure passes, as any verification's
 	case again.peer.gone.Load():
 		return nil, peerGone(v.peer.pid)
 	}
 	return again.peer, nil
+}
+
+// verifyAgain is errVerifyAgain once v's failure expired, waiting for
+// that within t's limits: a verification that fails at once (an owner
+// whose queue of connections is full refuses them) is not run again in a
+// loop. Past the limits it returns an *awaitError.
+func (m *Manager) verifyAgain(t *reqTimes, v *verification) error {
+	if wait := time.Until(v.expires); wait > 0 {
+		ch := make(chan struct{})
+		tm := time.AfterFunc(wait, func() { close(ch) })
+		defer tm.Stop()
+		if err := t.waitFor(ch); err != nil {
+			return &awaitError{what: "the owner's answer to its verification", cause: err}
+		}
+	}
+	return errVerifyAgain
 }
 
 // await starts v's verification of owner, unless it started, and waits
@@ -728,12 +746,14 @@ func (m *Manager) await(t *reqTimes, v *verification, owner ID, gonePID int) err
 }
 
 // verify runs the verification of owner into v. A failure that may pass
-// stands for retryVerify when nobody answered, not at all when the owner
-// took the connection and did not answer in time (timedOut); a refusal
+// stands for retryVerify when nobody answered, and until verifyTimeout
+// after its start when the owner did not answer in time (timedOut); a refusal
 // (another uid, this process) stands for good, and so does the failure of
 // an owner that answered before (gonePID: it is gone). A verification that
 // ends after the manager closed ends its connection.
 func (m *Manager) verify(v *verification, owner ID, gonePID int) {
+	start := time.Now()
+	m.verified.runs.Add(1)
 	peer, err := verifyOwner(owner, m.forgetSameNode)
 	var ne net.Error
 	m.verified.mu.Lock()
@@ -742,7 +762,9 @@ func (m *Manager) verify(v *verification, owner ID, gonePID int) {
 	case err != nil && gonePID != 0:
 		v.gonePID = gonePID
 	case errors.As(err, &ne) && ne.Timeout():
-		v.timedOut, v.expires = true, time.Now()
+		// Verified again at once after a wait for an answer; after a
+		// refusal that came at once (a full queue), from verifyTimeout on.
+		v.timedOut, v.expires = true, start.Add(verifyTimeout)
 	case errors.Is(err, errNoAnswer):
 		v.expires = time.Now().Add(retryVerify)
 	}

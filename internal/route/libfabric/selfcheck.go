@@ -75,7 +75,9 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	}
 	if j := x.Job(); len(j.Errs) > 0 {
 		var to *progress.TimeoutError
-		if r.stallsSilently() && ctx.Err() == nil && errors.As(j.Errs[0], &to) && !to.Left {
+		// Stalled only when the read was posted and never served: a job
+		// that waited behind others' posts (a peer's full queue) was not.
+		if r.stallsSilently() && ctx.Err() == nil && j.Attempted > 0 && errors.As(j.Errs[0], &to) && !to.Left {
 			return fmt.Errorf("self check: %w (%w)", ErrSelfCheckStalled, j.Errs[0])
 		}
 		return fmt.Errorf("self check: %w", j.Errs[0])
