@@ -75,9 +75,10 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	}
 	if j := x.Job(); len(j.Errs) > 0 {
 		var to *progress.TimeoutError
-		// Stalled only when the read was posted and never served: a job
-		// that waited behind others' posts (a peer's full queue) was not.
-		if r.stallsSilently() && ctx.Err() == nil && j.Attempted > 0 && errors.As(j.Errs[0], &to) && !to.Left {
+		// Not only a read posted and never served: on a stalled queue the
+		// read to itself is refused (FI_EAGAIN) and never posted, like one
+		// that waits behind others' posts (see docs/RELIABILITY.md).
+		if r.stallsSilently() && ctx.Err() == nil && errors.As(j.Errs[0], &to) && !to.Left {
 			return fmt.Errorf("self check: %w (%w)", ErrSelfCheckStalled, j.Errs[0])
 		}
 		return fmt.Errorf("self check: %w", j.Errs[0])
