@@ -689,7 +689,7 @@ func (l *memLink) get(t *reqTimes, r *RemoteBuffer, ep *remoteEP) (*memMap, erro
 		// Another op asks the owner: its answer takes a round trip, or
 		// as long as an owner that does not answer takes to fail it.
 		if err := lockWithin(&l.mu, t); err != nil {
-			return nil, &awaitError{what: fmt.Sprintf("the owner's answer for buffer %d", r.id), provider: mem.Name, pid: l.owner.pid, cause: err}
+			return nil, l.awaitingMap(r, err)
 		}
 	}
 	defer l.mu.Unlock()
@@ -723,7 +723,7 @@ func (l *memLink) get(t *reqTimes, r *RemoteBuffer, ep *remoteEP) (*memMap, erro
 	switch {
 	case err != nil && t.err() != nil:
 		// The request's limits ended the wait (and the link: ask).
-		return nil, &awaitError{what: fmt.Sprintf("the owner's answer for buffer %d", r.id), provider: mem.Name, pid: l.owner.pid, cause: t.err()}
+		return nil, l.awaitingMap(r, t.err())
 	case errors.As(err, &refused) && refused.status == memRange && r.off+r.n > size:
 		return nil, fmt.Errorf("%w: the handle's range [%d, %d) lies outside the %d bytes its owner registered as buffer %d (the handle was altered)",
 			ErrOutOfRange, r.off, r.off+r.n, size, r.id)
@@ -750,6 +750,12 @@ func (l *memLink) get(t *reqTimes, r *RemoteBuffer, ep *remoteEP) (*memMap, erro
 	}
 	l.maps[r.id] = mm
 	return mm, nil
+}
+
+// awaitingMap is the *awaitError of a request whose limits ended (err)
+// while it waited for the owner's answer for r's buffer.
+func (l *memLink) awaitingMap(r *RemoteBuffer, err error) *awaitError {
+	return &awaitError{what: fmt.Sprintf("the owner's answer for buffer %d", r.id), provider: mem.Name, pid: l.owner.pid, cause: err}
 }
 
 // sweep drops the mappings of buffers the owner closed since (a mapping

@@ -573,6 +573,13 @@ func (e *awaitError) Error() string {
 
 func (e *awaitError) Unwrap() error { return e.cause }
 
+// awaitingVerification is the *awaitError of a request whose limits
+// ended (err) while it waited for an owner's verification; route names
+// the owner.
+func awaitingVerification(err error) *awaitError {
+	return &awaitError{what: "the owner's answer to its verification", cause: err}
+}
+
 // Is reports whether target is ErrTimeout and the cause a deadline.
 func (e *awaitError) Is(target error) bool {
 	return target == ErrTimeout && errors.Is(e.cause, context.DeadlineExceeded)
@@ -722,7 +729,7 @@ func (m *Manager) verifyAgain(t *reqTimes, v *verification) error {
 		tm := time.AfterFunc(wait, func() { close(ch) })
 		defer tm.Stop()
 		if err := t.waitFor(ch); err != nil {
-			return &awaitError{what: "the owner's answer to its verification", cause: err}
+			return awaitingVerification(err)
 		}
 	}
 	return errVerifyAgain
@@ -740,7 +747,7 @@ func (m *Manager) await(t *reqTimes, v *verification, owner ID, gonePID int) err
 	}
 	v.start.Do(func() { go m.verify(v, owner, gonePID) })
 	if err := t.waitFor(v.ready); err != nil {
-		return &awaitError{what: "the owner's answer to its verification", cause: err}
+		return awaitingVerification(err)
 	}
 	return nil
 }
@@ -803,7 +810,7 @@ func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodeP
 		// A verification under way finishes first (its starter, which
 		// made it, starts it at once).
 		if err := t.waitFor(v.ready); err != nil {
-			return nil, &awaitError{what: "the owner's answer to its verification", cause: err}
+			return nil, awaitingVerification(err)
 		}
 		m.verified.mu.Lock()
 		if m.verified.byID[owner] == v && v.peer == old {
