@@ -426,7 +426,8 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 // which closes p.dialed when it is done. Under p.memMu, with no dial under
 // way.
 func (p *sameNodePeer) startDial() {
-	p.dialing, p.dialed = true, make(chan struct{})
+	dialed := make(chan struct{})
+	p.dialing, p.dialed = true, dialed
 	go func() {
 		l, err := dialMem(p)
 		p.memMu.Lock()
@@ -441,11 +442,16 @@ func (p *sameNodePeer) startDial() {
 		}
 		p.link, p.linkErr, p.linkAt = l, err, time.Now()
 		p.dialing = false
-		close(p.dialed)
 		p.memMu.Unlock()
 		if old != nil {
-			old.close() // done already; its mappings go with it now (ops using one keep it until they end), as closeMem's
+			// Done already; its mappings go with it now (ops using one
+			// keep it until they end), as closeMem's. Before the waiters
+			// hear of the new link, so that none finds the old one's
+			// mappings still there; outside memMu, which old.close's
+			// l.mu must not wait under.
+			old.close()
 		}
+		close(dialed)
 	}()
 }
 
