@@ -160,6 +160,12 @@ type TimeoutError struct {
 	// it needs before it may post any (a same-node owner's verification,
 	// say): nothing moved then, and Completed and Total are 0.
 	Awaiting string
+	// Busy: the request gave up before it could insert its peer's address
+	// or register memory, because the endpoint was inside a libfabric call
+	// (the progress loop's, or another op's) that had not returned.
+	// Nothing moved; only Provider, After and Cause are set where it
+	// arose, the op's fields by the caller.
+	Busy bool
 }
 
 func (e *TimeoutError) Error() string {
@@ -172,6 +178,11 @@ func (e *TimeoutError) Error() string {
 			return "not started: the deadline had passed (" + e.Cause.Error() + ")"
 		}
 		return "not started: the context was canceled"
+	}
+	if e.Busy {
+		return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v waiting for the endpoint, inside a libfabric call that had not returned: "+
+			"nothing moved; a call that never returns is reported as a wedged endpoint after the loop's WedgeAfter",
+			e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond))
 	}
 	if e.Awaiting != "" {
 		return fmt.Sprintf("%s of %d bytes with %s over %s %s after %v waiting for %s: nothing moved; the peer may be stopped, "+

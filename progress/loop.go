@@ -407,11 +407,10 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 		}
 	}
 	gen := j.gen.Load()
-	wait := time.Duration(1<<63 - 1) // until the lock or a wedge: the drivers' calls return
-	if l.passive {
-		wait = abortWait // the loop's goroutine may be in a call that never returns
-	}
-	if err := l.acquireWithin(wait); err != nil {
+	// Bounded on every loop: a call that holds the lock may take until
+	// the wedge (seconds), or never return on a passive loop, and the
+	// waiter's error is due at its deadline.
+	if err := l.acquireWithin(abortWait); err != nil {
 		if errors.Is(err, errBusy) {
 			// The loop's goroutine is in a call that has not returned,
 			// yet is not wedged: the job is left to it, and it expires
@@ -437,7 +436,7 @@ const passiveSpin = 50 * time.Microsecond
 const wedgeCheck = 100 * time.Millisecond
 
 // abortWait is how long a waiter whose context ended waits for the drive
-// lock of a passive loop before it leaves its job to the loop.
+// lock before it leaves its job to the loop.
 const abortWait = 50 * time.Millisecond
 
 // errBusy: the drive lock stayed taken by a call that is not (yet) wedged.
@@ -445,14 +444,19 @@ var errBusy = errors.New("endpoint busy in a libfabric call")
 
 // acquireWithin is acquire, giving up with errBusy after d.
 func (l *Loop) acquireWithin(d time.Duration) error {
+	return l.acquireBy(context.Background(), time.Now().Add(d))
+}
+
+// acquireBy is acquire, giving up with errBusy when ctx ends or at
+// deadline (none when zero).
+func (l *Loop) acquireBy(ctx context.Context, deadline time.Time) error {
 	l.drivers.Add(1)
 	defer l.drivers.Add(-1)
-	start := monoNow()
 	for !l.drive.TryLock() {
 		if err := l.Wedged(); err != nil {
 			return err
 		}
-		if time.Duration(monoNow()-start) > d {
+		if ctx.Err() != nil || !deadline.IsZero() && !time.Now().Before(deadline) {
 			return errBusy
 		}
 		time.Sleep(20 * time.Microsecond)
@@ -634,6 +638,31 @@ func (l *Loop) Do(fn func()) error {
 	if err := l.acquire(); err != nil {
 		return err
 	}
+	return l.do(fn)
+}
+
+// DoBy is Do for a request: when a libfabric call holds the endpoint
+// past the request's end (ctx, or deadline when not zero), it gives up
+// with a *TimeoutError whose Busy is set, and fn does not run. The holder
+// may be the loop's goroutine in a call that has not returned yet is not
+// wedged (shm's, blocked behind a stopped peer).
+func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
+	start := time.Now()
+	if err := l.acquireBy(ctx, deadline); err != nil {
+		if !errors.Is(err, errBusy) {
+			return err
+		}
+		cause := ctx.Err()
+		if cause == nil {
+			cause = context.DeadlineExceeded
+		}
+		return &TimeoutError{Provider: l.port.provider(), After: time.Since(start), Cause: cause, Busy: true}
+	}
+	return l.do(fn)
+}
+
+// do runs fn under the drive lock, which it releases.
+func (l *Loop) do(fn func()) error {
 	defer l.wakeIfSleeping()
 	defer l.drive.Unlock()
 	if l.down {

@@ -3,6 +3,7 @@ package progress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 )
 
 // fakePort is a queue without libfabric: posted ops wait in pending until
@@ -531,43 +533,95 @@ func TestDeadlineOfABusyJob(t *testing.T) {
 	}
 }
 
-// TestPassiveWaitersKeepTheirDeadline: on an endpoint whose calls may
-// never return (libfabric 1.x's shm), a waiter never calls libfabric
-// itself, so a call stuck in the loop's goroutine cannot catch it: its
-// Wait ends at its deadline, leaving the job to the loop (Left), which
-// ends it when the call returns. Poll does not call either.
-func TestPassiveWaitersKeepTheirDeadline(t *testing.T) {
-	f := newFakePort()
-	f.mayHang = true
-	l := newLoop(f, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
-	gate := make(chan struct{})
-	f.gate, f.blocked = gate, make(chan struct{})
-	go l.run()
-	defer l.Close(nil)
-	var idle atomic.Int32
-	stuck := job(1, &idle)
-	require.NoError(t, l.Submit(stuck))
-	<-f.blocked // the loop's goroutine is inside post, for good
+// TestWaitersKeepTheirDeadline: while the loop's goroutine is inside a
+// call that has not returned (one that may never return on libfabric
+// 1.x's shm; one that returns only at a wedge elsewhere), a waiter's Wait
+// ends at its deadline, not at the wedge (WedgeAfter, seconds): it
+// leaves the job to the loop (Left), which ends it when the call returns.
+// A passive loop's Poll does not call libfabric either.
+func TestWaitersKeepTheirDeadline(t *testing.T) {
+	for _, passive := range []bool{true, false} {
+		t.Run(fmt.Sprintf("passive=%v", passive), func(t *testing.T) {
+			f := newFakePort()
+			f.mayHang = passive
+			l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+			gate := make(chan struct{})
+			f.gate, f.blocked = gate, make(chan struct{})
+			go l.run()
+			defer l.Close(nil)
+			var idle atomic.Int32
+			stuck := job(1, &idle)
+			require.NoError(t, l.Submit(stuck))
+			<-f.blocked // the loop's goroutine is inside post, for good
 
-	j := job(1, &idle)
-	j.Start, j.Deadline = time.Now(), time.Now().Add(100*time.Millisecond)
-	require.NoError(t, l.Submit(j))
-	ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
-	defer cancel()
-	assert.False(t, l.Poll())
-	start := time.Now()
-	err := l.Wait(ctx, j)
-	var te *TimeoutError
-	require.ErrorAs(t, err, &te)
-	assert.True(t, te.Left)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 2*time.Second)
-	assert.Zero(t, idle.Load(), "both jobs are still the loop's")
+			j := job(1, &idle)
+			j.Start, j.Deadline = time.Now(), time.Now().Add(100*time.Millisecond)
+			require.NoError(t, l.Submit(j))
+			ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
+			defer cancel()
+			if passive {
+				assert.False(t, l.Poll())
+			}
+			start := time.Now()
+			err := l.Wait(ctx, j)
+			var te *TimeoutError
+			require.ErrorAs(t, err, &te)
+			assert.True(t, te.Left)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.Less(t, time.Since(start), 2*time.Second)
+			assert.Zero(t, idle.Load(), "both jobs are still the loop's")
 
-	f.setAuto(true, nil) // what is posted completes
-	close(gate)          // the call returns
-	require.Eventually(t, func() bool { return idle.Load() == 2 }, 5*time.Second, time.Millisecond,
-		"the loop ends the job it was left, and lets both go")
+			f.setAuto(true, nil) // what is posted completes
+			close(gate)          // the call returns
+			require.Eventually(t, func() bool { return idle.Load() == 2 }, 5*time.Second, time.Millisecond,
+				"the loop ends the job it was left, and lets both go")
+		})
+	}
+}
+
+// TestDoByKeepsItsDeadline: a request's DoBy (inserting a peer,
+// registering memory) gives up at its deadline, or when its context
+// ends, while the loop's goroutine is inside a call that has not
+// returned, instead of waiting for the wedge (WedgeAfter); fn does not
+// run then. Once the call returns, DoBy runs fn.
+func TestDoByKeepsItsDeadline(t *testing.T) {
+	for _, passive := range []bool{true, false} {
+		for _, cancelled := range []bool{false, true} {
+			t.Run(fmt.Sprintf("passive=%v/cancelled=%v", passive, cancelled), func(t *testing.T) {
+				f := newFakePort()
+				f.mayHang = passive
+				l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+				gate := make(chan struct{})
+				f.gate, f.blocked = gate, make(chan struct{})
+				go l.run()
+				defer l.Close(nil)
+				require.NoError(t, l.Submit(job(1, nil)))
+				<-f.blocked // the loop's goroutine is inside post
+
+				ctx, deadline, want := context.Background(), time.Now().Add(100*time.Millisecond), context.DeadlineExceeded
+				if cancelled {
+					c, cancel := context.WithCancel(ctx)
+					defer time.AfterFunc(100*time.Millisecond, cancel).Stop()
+					ctx, deadline, want = c, time.Time{}, context.Canceled
+				}
+				ran := false
+				start := time.Now()
+				err := l.DoBy(ctx, deadline, func() { ran = true })
+				var te *TimeoutError
+				require.ErrorAs(t, err, &te)
+				assert.True(t, te.Busy)
+				assert.ErrorIs(t, err, want)
+				assert.Equal(t, !cancelled, errors.Is(err, errclass.ErrTimeout), "a deadline is a timeout, a cancel is not")
+				assert.Less(t, time.Since(start), 2*time.Second)
+				assert.False(t, ran, "fn ran without the endpoint")
+
+				f.setAuto(true, nil)
+				close(gate) // the call returns
+				require.NoError(t, l.DoBy(context.Background(), time.Now().Add(time.Minute), func() { ran = true }))
+				assert.True(t, ran)
+			})
+		}
+	}
 }
 
 // TestPassiveLoopHandsOff: the goroutine of a passive loop (libfabric
