@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync"
@@ -429,7 +430,7 @@ func (st *bufState) closeMR(i int) {
 // registered before b was opened (the shm endpoint that took a stuck
 // one's place) is registered on b now, once: its local ops need it there.
 // Peers keep reaching it by the routes its handle names.
-func (st *bufState) desc(b *libfabric.Route) (fabric.Desc, error) {
+func (st *bufState) desc(ctx context.Context, deadline time.Time, b *libfabric.Route) (fabric.Desc, error) {
 	st.mrsMu.Lock()
 	if b.Index < len(st.mrs) && st.mrs[b.Index] != nil {
 		d := st.mrs[b.Index].Desc()
@@ -437,7 +438,7 @@ func (st *bufState) desc(b *libfabric.Route) (fabric.Desc, error) {
 		return d, nil
 	}
 	st.mrsMu.Unlock()
-	m, err := b.Register(mr.Region{Addr: st.base, Len: st.size, Access: st.access, Iface: st.iface, Device: st.device})
+	m, err := b.RegisterBy(ctx, deadline, mr.Region{Addr: st.base, Len: st.size, Access: st.access, Iface: st.iface, Device: st.device})
 	if err != nil {
 		return nil, err
 	}

@@ -215,13 +215,13 @@ var guardChecks = sync.Pool{New: func() any {
 
 // verifyGuards reads the guard entries of the ops' handles (one job per
 // peer) and sets each check's err.
-func (m *Manager) verifyGuards(ctx context.Context, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck) error {
+func (m *Manager) verifyGuards(ctx context.Context, start, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck) error {
 	for first := 0; first < len(checks); first++ {
 		name := ops[checks[first].op].ep.name
 		if first > 0 && checkedPeer(ops, checks[:first], name) {
 			continue
 		}
-		if err := m.verifyPeerGuards(ctx, deadline, b, ops, checks[first:], name); err != nil {
+		if err := m.verifyPeerGuards(ctx, start, deadline, b, ops, checks[first:], name); err != nil {
 			return err
 		}
 	}
@@ -240,12 +240,16 @@ func checkedPeer(ops []opSpec, earlier []guardCheck, name []byte) bool {
 
 // verifyPeerGuards runs, in one job, the checks of the handles of one
 // peer among checks, reading each distinct guard entry once.
-func (m *Manager) verifyPeerGuards(ctx context.Context, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck, name []byte) error {
+func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck, name []byte) error {
 	if err := b.BlockedOrGone(progress.Read, name); err != nil {
 		return err
 	}
-	p, err := b.Peer(name)
+	p, err := b.PeerBy(ctx, deadline, name)
 	if err != nil {
+		o := &ops[checks[0].op] // the request's op, whose check could not begin
+		if te := busy(err, o.op, b.Addr(name), o.remote.n, start); te != nil {
+			return te
+		}
 		return err
 	}
 	x := b.NewXfer(nil)

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+
 	"time"
 
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
@@ -13,7 +15,7 @@ import (
 // resubmit builds the part of o that its finished job old covered again,
 // in a new Xfer holding o's local buffer once more, and submits it. It
 // fails when the manager or the loop is closing.
-func (m *Manager) resubmit(o *opSpec, old *libfabric.Xfer, start, deadline time.Time) (*libfabric.Xfer, error) {
+func (m *Manager) resubmit(ctx context.Context, o *opSpec, old *libfabric.Xfer, start, deadline time.Time) (*libfabric.Xfer, error) {
 	if err := m.acquire(); err != nil {
 		return nil, err
 	}
@@ -22,7 +24,7 @@ func (m *Manager) resubmit(o *opSpec, old *libfabric.Xfer, start, deadline time.
 	st.hold() // old holds it until it is released: as nextPart's next part
 	nx := o.b.NewXfer(st)
 	o.sent -= old.Job().Bytes() // fill starts where the finished job started
-	if err := m.fill(nx, o, start, deadline); err != nil {
+	if err := m.fill(ctx, nx, o, start, deadline); err != nil {
 		nx.Release()
 		return nil, err
 	}

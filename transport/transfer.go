@@ -125,7 +125,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		m.releaseManager()
 		m.replaceIfStuck(m.backends().sameNode, err)
 		releaseOps(ops)
-		if to, ok := err.(*progress.TimeoutError); ok && to.Awaiting != "" {
+		if to, ok := err.(*progress.TimeoutError); ok && (to.Awaiting != "" || to.Busy) {
 			return notStartedBy(kind, ops, to)
 		}
 		return err
@@ -158,7 +158,11 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		o.x, o.local.st = x, nil // the Xfer releases the local ref now
 		start, deadline := times.get()
 		o.deadline = deadline
-		if err := m.fill(x, o, start, deadline); err != nil {
+		if err := m.fill(ctx, x, o, start, deadline); err != nil {
+			// Nothing of the op was posted: it ends here, not in a
+			// next part that would try again.
+			x.Release()
+			o.x = nil
 			o.failed(err)
 			errs = append(errs, err)
 			failed++
@@ -209,7 +213,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 				if err == nil && o.b.Provider == fabric.BackendTCP {
 					// o.x changes when the job is posted again.
 					o.x, victim, err = o.b.RedoAfterDrop(ctx, o.x, start, deadline, func(old *libfabric.Xfer) (*libfabric.Xfer, error) {
-						return m.resubmit(o, old, start, deadline)
+						return m.resubmit(ctx, o, old, start, deadline)
 					})
 					j = o.x.Job()
 				}
@@ -501,8 +505,8 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 	if len(checks) == 0 {
 		return nil
 	}
-	_, deadline := times.get()
-	if err := m.verifyGuards(ctx, deadline, checkBackend, ops, checks); err != nil {
+	start, deadline := times.get()
+	if err := m.verifyGuards(ctx, start, deadline, checkBackend, ops, checks); err != nil {
 		return err
 	}
 	for _, c := range checks {
@@ -567,6 +571,19 @@ func notStartedBy(kind string, ops []opSpec, to *progress.TimeoutError) error {
 	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Errs: []error{to}}
 }
 
+// busy is err as op's *progress.TimeoutError when the request's limits
+// ended while a libfabric call held the endpoint (progress.Loop.DoBy),
+// else nil: nothing of op moved.
+func busy(err error, op progress.Op, peer string, n uint64, start time.Time) *progress.TimeoutError {
+	var te *progress.TimeoutError
+	if !errors.As(err, &te) || !te.Busy {
+		return nil
+	}
+	out := *te
+	out.Op, out.Peer, out.Bytes, out.After = op, peer, n, time.Since(start)
+	return &out
+}
+
 // awaited is op o's *progress.TimeoutError when err says that its
 // request's limits ended while it waited for a same-node owner's answer
 // (*awaitError), else nil (a manager that closed meanwhile is ErrClosed).
@@ -581,11 +598,16 @@ func awaited(err error, o *opSpec, t *reqTimes) *progress.TimeoutError {
 }
 
 // fill builds the job of a network op: chunks no larger than the
-// backend's limit, the peer's address, the completion level.
-func (m *Manager) fill(x *libfabric.Xfer, o *opSpec, start, deadline time.Time) error {
+// backend's limit, the peer's address, the completion level. Inserting
+// the peer's address or registering the local buffer on the endpoint
+// waits for the endpoint within the request's ctx and deadline.
+func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start, deadline time.Time) error {
 	b := o.b
-	p, err := b.Peer(o.ep.name)
+	p, err := b.PeerBy(ctx, deadline, o.ep.name)
 	if err != nil {
+		if te := busy(err, o.op, b.Addr(o.ep.name), o.remote.n, start); te != nil {
+			return te
+		}
 		return fmt.Errorf("%s over %s: %w", o.op, b.Provider, err)
 	}
 	pid := 0
@@ -600,8 +622,11 @@ func (m *Manager) fill(x *libfabric.Xfer, o *opSpec, start, deadline time.Time) 
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}
-	desc, err := st.desc(b)
+	desc, err := st.desc(ctx, deadline, b)
 	if err != nil {
+		if te := busy(err, o.op, p.Name(), o.remote.n, start); te != nil {
+			return te
+		}
 		return fmt.Errorf("%s over %s: registering the local buffer on this endpoint: %w", o.op, b.Provider, err)
 	}
 	remote := o.ep.base + o.remote.off
@@ -654,7 +679,7 @@ func (m *Manager) nextPart(o *opSpec, lim route.Limit) error {
 	case stop != nil:
 		return lim.Timeout(o.op, string(o.b.Provider), peer, o.remote.n, o.sent, o.b.Chunk, stop)
 	}
-	if err := m.fill(next, o, start, lim.Deadline); err != nil {
+	if err := m.fill(lim.Ctx, next, o, start, lim.Deadline); err != nil {
 		next.Release()
 		return err
 	}

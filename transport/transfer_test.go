@@ -691,6 +691,56 @@ func TestCloseReportsWedgedEndpoint(t *testing.T) {
 	}
 }
 
+// TestRequestKeepsItsDeadlineOnABusyEndpoint: a request that must insert
+// its peer's address into the endpoint (its first op to that peer, or
+// the peer's guard check over shm) while another libfabric call holds the
+// endpoint gives up at its deadline with a timeout naming the busy
+// endpoint, not at the wedge (WedgeAfter, a minute here); nothing moved.
+// Once the call returns, the same request works.
+func TestRequestKeepsItsDeadlineOnABusyEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		route string
+		setup func(m *transport.Manager)
+	}{
+		{name: "first op to a tcp peer", route: testenv.RouteTCP},
+		{name: "guard check over shm", route: testenv.RouteSHM, setup: transport.GuardOverShm},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.RequireRoute(t, tc.route)
+			policy := progress.DefaultPollPolicy
+			policy.WedgeAfter = time.Minute
+			m := newManager(t, transport.WithProviders(tc.route), transport.WithPollPolicy(policy))
+			if tc.setup != nil {
+				tc.setup(m)
+			}
+			peer := testpeer.Start(t, tc.route)
+			h := peer.Register(4096, mr.ReadWrite, 1)
+			b := register(t, m, alloc(t, 4096), 0)
+
+			release := make(chan struct{})
+			transport.HoldEndpoint(m, release)
+			start := time.Now()
+			err := m.ReadInto(ctxTimeout(t, 200*time.Millisecond), b, h)
+			elapsed := time.Since(start)
+			close(release)
+			require.ErrorIs(t, err, transport.ErrTimeout)
+			var te *progress.TimeoutError
+			require.ErrorAs(t, err, &te)
+			assert.True(t, te.Busy, "the timeout names the busy endpoint: %v", err)
+			assert.Contains(t, err.Error(), "inside a libfabric call that had not returned")
+			var xe *transport.TransferError
+			require.ErrorAs(t, err, &xe)
+			assert.Len(t, xe.Errs, 1, "one error for the one op")
+			assert.Less(t, elapsed, 5*time.Second, "the error came at the wedge, not at the deadline")
+			assert.Equal(t, testpeer.Sum(make([]byte, 4096)), testpeer.Sum(b.Bytes()), "nothing moved")
+
+			require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), b, h), "once the call returned")
+			assert.Equal(t, peer.Sum(0, 0, 4096), testpeer.Sum(b.Bytes()))
+		})
+	}
+}
+
 // TestWedgeThatClearsReleasesTheBuffer: a transfer whose endpoint is
 // stuck inside libfabric fails with ErrEndpointWedged and leaves its job
 // to the loop; once the stuck call returns, the loop ends the job and the

@@ -154,9 +154,17 @@ func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
 
 // Register registers reg on the endpoint's domain.
 func (r *Route) Register(reg mr.Region) (*fabric.MR, error) {
+	return r.RegisterBy(context.Background(), time.Time{}, reg)
+}
+
+// RegisterBy is Register for a request that ends with ctx or at deadline
+// (none when zero): while a libfabric call holds the endpoint past then,
+// it gives up with a *progress.TimeoutError whose Busy is set
+// (progress.Loop.DoBy).
+func (r *Route) RegisterBy(ctx context.Context, deadline time.Time, reg mr.Region) (*fabric.MR, error) {
 	var m *fabric.MR
 	var err error
-	if derr := r.loop.Do(func() { m, err = mr.Register(r.loop.Endpoint().Target(), reg) }); derr != nil {
+	if derr := r.loop.DoBy(ctx, deadline, func() { m, err = mr.Register(r.loop.Endpoint().Target(), reg) }); derr != nil {
 		return nil, derr
 	}
 	return m, err
@@ -252,6 +260,14 @@ func (p *Peer) Done() {
 // the loop goroutine) the first time. It counts a use of it: the caller
 // hands it back with Done, or an Xfer that took it does when idle.
 func (r *Route) Peer(name []byte) (*Peer, error) {
+	return r.PeerBy(context.Background(), time.Time{}, name)
+}
+
+// PeerBy is Peer for a request that ends with ctx or at deadline (none
+// when zero): while a libfabric call holds the endpoint past then, the
+// first use of name gives up with a *progress.TimeoutError whose Busy is
+// set (progress.Loop.DoBy).
+func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*Peer, error) {
 	r.mu.Lock()
 	p := r.peers[string(name)]
 	if p != nil {
@@ -265,7 +281,7 @@ func (r *Route) Peer(name []byte) (*Peer, error) {
 		return nil, err
 	}
 	var err error
-	if derr := r.loop.Do(func() {
+	if derr := r.loop.DoBy(ctx, deadline, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if p = r.peers[string(name)]; p != nil {
