@@ -140,7 +140,7 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 			// after it, as here after a rejection that Explain has
 			// explained, need not wait.
 			addr := SockaddrHostPort(x.probe.name)
-			if addr == "" || ownerLiveness(addr, time.Unix(0, d.at.Load())) != ownerListens {
+			if addr == "" || ownerLiveness(addr, time.Unix(0, d.at.Load()), deadline) != ownerListens {
 				return x, false, nil // the owner is gone, or cannot be asked: Explain says so
 			}
 		}

@@ -108,7 +108,7 @@ func tcpPeerAlive(j *progress.Job) error {
 		lastProgress := time.Unix(0, p.since.Load())
 		go func(addr string) {
 			next := probeIdle
-			if ownerLiveness(addr, lastProgress) == ownerGone {
+			if ownerLiveness(addr, lastProgress, time.Time{}) == ownerGone {
 				next = probeRefused
 			} else if p.state.Load() == gen|probeRunning {
 				p.since.Store(time.Now().UnixNano())
@@ -142,7 +142,8 @@ func tcpPeerAlive(j *progress.Job) error {
 // instead of an exited peer; when victim (the job met the connection an
 // earlier rejection dropped, and RedoAfterDrop posted it again until
 // staleConnWindow ran out), the earlier op. It returns nil when the errors
-// say enough already, or the owner cannot be reached to ask.
+// say enough already, or the owner cannot be reached to ask by the job's
+// deadline.
 func Explain(j *progress.Job, name []byte, victim bool) error {
 	if !connLost(j.Errs, false) {
 		return nil // a timeout, the stall probe's verdict, other errors: they explain it
@@ -151,7 +152,7 @@ func Explain(j *progress.Job, name []byte, victim bool) error {
 	if addr == "" {
 		return nil
 	}
-	switch ownerLiveness(addr, time.Now()) {
+	switch ownerLiveness(addr, time.Now(), j.Deadline) {
 	case ownerGone:
 		return tcpPeerGone(j, addr)
 	case ownerUnknown:
@@ -198,11 +199,21 @@ const (
 // owner, even a stopped one (the kernel completes the handshake), sees
 // connections that close without a word. The wait is paid only by a dial
 // within aliveRecheck of lostAt, and only after a failure or a stall.
-func ownerLiveness(addr string, lostAt time.Time) liveness {
+// A request's answer is due by its deadline (by; none when zero): past
+// it, the owner is ownerUnknown.
+func ownerLiveness(addr string, lostAt, by time.Time) liveness {
 	settled := lostAt.Add(aliveRecheck)
 	watch := time.Now().Before(settled) // the listener may still be closing
 	for {
-		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+		timeout := ownerDialTimeout
+		if !by.IsZero() {
+			left := time.Until(by)
+			if left <= 0 {
+				return ownerUnknown
+			}
+			timeout = min(timeout, left)
+		}
+		c, err := net.DialTimeout("tcp", addr, timeout)
 		switch {
 		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
 			return ownerGone
@@ -213,16 +224,26 @@ func ownerLiveness(addr string, lostAt time.Time) liveness {
 			return ownerListens
 		}
 		watch = false
-		_ = c.SetReadDeadline(settled)
+		readBy := settled
+		if !by.IsZero() && by.Before(readBy) {
+			readBy = by
+		}
+		_ = c.SetReadDeadline(readBy)
 		var b [1]byte
 		_, err = c.Read(b[:])
 		c.Close()
 		if errors.Is(err, syscall.ECONNRESET) {
 			return ownerGone
 		}
+		if !by.IsZero() && !time.Now().Before(by) {
+			return ownerUnknown // before the listener had settled
+		}
 		time.Sleep(time.Until(settled)) // when the owner closed it early; then dial again
 	}
 }
+
+// ownerDialTimeout bounds each of ownerLiveness's dials.
+const ownerDialTimeout = 500 * time.Millisecond
 
 // aliveRecheck is how long after a lost connection ownerLiveness still
 // takes a listener for one that may be closing in its process's exit.

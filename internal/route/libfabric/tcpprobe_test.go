@@ -117,23 +117,28 @@ func TestTCPExplain(t *testing.T) {
 // listener that closes before the second dial, aliveRecheck after the
 // lost connection. A listener that never accepts (a stopped process: the
 // kernel completes the handshake) still listens, and a dial long after
-// the lost connection does not wait.
+// the lost connection does not wait. Past a request's deadline the owner
+// is unknown: the answer was due then.
 func TestOwnerLiveness(t *testing.T) {
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	closedAddr := closed.Addr().String()
 	require.NoError(t, closed.Close())
-	assert.Equal(t, ownerGone, ownerLiveness(closedAddr, time.Now()), "refused")
+	assert.Equal(t, ownerGone, ownerLiveness(closedAddr, time.Now(), time.Time{}), "refused")
 
 	stopped, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer stopped.Close()
 	start := time.Now()
-	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start), "a listener that does not accept")
+	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start, time.Time{}), "a listener that does not accept")
 	assert.GreaterOrEqual(t, time.Since(start), aliveRecheck, "asked again aliveRecheck after the loss")
 	start = time.Now()
-	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start.Add(-aliveRecheck)), "long after the loss")
+	assert.Equal(t, ownerListens, ownerLiveness(stopped.Addr().String(), start.Add(-aliveRecheck), time.Time{}), "long after the loss")
 	assert.Less(t, time.Since(start), aliveRecheck, "one dial, no wait")
+	// A request's deadline ends the watch: its answer is due then.
+	start = time.Now()
+	assert.Equal(t, ownerUnknown, ownerLiveness(stopped.Addr().String(), start, start.Add(aliveRecheck/5)), "asked past the request's deadline")
+	assert.Equal(t, ownerUnknown, ownerLiveness(stopped.Addr().String(), start.Add(-aliveRecheck), start), "the deadline passed before the dial")
 
 	closing, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -146,7 +151,7 @@ func TestOwnerLiveness(t *testing.T) {
 		_ = c.(*net.TCPConn).SetLinger(0) // close with a reset, as a closing listener does
 		_ = c.Close()
 	}()
-	assert.Equal(t, ownerGone, ownerLiveness(closing.Addr().String(), time.Now()), "reset right after the dial")
+	assert.Equal(t, ownerGone, ownerLiveness(closing.Addr().String(), time.Now(), time.Time{}), "reset right after the dial")
 
 	// The owner's connection is accepted and closed without a reset (its
 	// process had accepted it), and its listener closes a moment later.
@@ -160,7 +165,7 @@ func TestOwnerLiveness(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		_ = late.Close()
 	}()
-	assert.Equal(t, ownerGone, ownerLiveness(late.Addr().String(), time.Now()), "the listener closed before the second dial")
+	assert.Equal(t, ownerGone, ownerLiveness(late.Addr().String(), time.Now(), time.Time{}), "the listener closed before the second dial")
 }
 
 // TestConnDrop: which failures count as victims of an earlier drop.
