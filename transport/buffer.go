@@ -260,8 +260,10 @@ func (b *Buffer) Close() error {
 	st.m.bufsMu.Lock()
 	delete(st.m.bufs, st.id)
 	st.m.bufsMu.Unlock()
+	// One wait for both: the peers' copies, then this process's transfers.
 	wait := st.m.cfg.timeout
-	if peers := st.revokeGuard(time.Now().Add(wait)); peers != nil {
+	deadline := time.Now().Add(wait)
+	if peers := st.revokeGuard(deadline); peers != nil {
 		// A peer still copies with the memory: it must stay as it is.
 		st.mu.Lock()
 		st.kept = true
@@ -273,7 +275,7 @@ func (b *Buffer) Close() error {
 		return nil
 	}
 	if drained != nil {
-		t := time.NewTimer(wait)
+		t := time.NewTimer(time.Until(deadline))
 		select {
 		case <-drained:
 		case <-t.C:
