@@ -68,6 +68,10 @@ type Job struct {
 	// busy is set from Submit until the job settles (finished, nothing in
 	// flight): a job is in at most one loop queue at a time.
 	busy atomic.Bool
+	// left: its waiter gave up on it while a call held the endpoint
+	// (TimeoutError.Left), for this cause; the loop's next round
+	// expires it before posting any more of it.
+	left atomic.Pointer[error]
 
 	// under the loop's drive lock
 	running        int   // index in Loop.running, -1 when not there
@@ -96,6 +100,7 @@ func (j *Job) Reset() {
 	j.Completed, j.Attempted = 0, 0
 	j.next, j.inflight = 0, 0
 	j.finished, j.stopPosting, j.idled = false, false, false
+	j.left.Store(nil) // consumed when it finished: nothing to count
 }
 
 // InFlight is how many chunks of the job are posted and not completed.
@@ -175,6 +180,7 @@ type Loop struct {
 	activeAt, idlePolled atomic.Int64
 	timers               sync.Pool    // *time.Timer for Poll's bound
 	inCall               atomic.Int64 // when the running progress call started (monoNow), 0 when none
+	leftJobs             atomic.Int32 // jobs whose Job.left is set
 	sleeping             atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
@@ -365,7 +371,9 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		// moving megabytes), and a cancelled waiter must not sit out
 		// a thousand of them.
 		if i&63 == 0 {
-			if ctx.Err() != nil || now-last > int64(l.policy.Spin) {
+			// Past the job's deadline too: a round of this waiter's own
+			// expires it, but the lock may be another's, stuck in a call.
+			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || pastDeadline(j) {
 				break
 			}
 			yieldIfDue(now, &yielded)
@@ -382,50 +390,116 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 }
 
 // waitPassive leaves progress to the background goroutine and waits for
-// the job, ctx, or a wedged endpoint.
+// the job, ctx, the job's deadline, or a wedged endpoint.
 func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 	// A pooled timer, not a ticker: this runs once per op on a passive
 	// loop, and a new ticker is three allocations.
 	t, _ := l.timers.Get().(*time.Timer)
 	if t == nil {
-		t = time.NewTimer(wedgeCheck)
+		t = time.NewTimer(l.nextLook(j))
 	} else {
-		t.Reset(wedgeCheck)
+		t.Reset(l.nextLook(j))
 	}
 	defer func() { t.Stop(); l.timers.Put(t) }()
-	for done := false; !done; {
+	var cause error
+	for cause == nil {
 		select {
 		case <-j.done:
 			return nil
 		case <-ctx.Done():
-			done = true
+			cause = ctx.Err()
 		case <-t.C:
 			if err := l.Wedged(); err != nil {
 				return err
 			}
-			t.Reset(wedgeCheck)
+			if pastDeadline(j) {
+				// The loop expires the job at its deadline, unless a call
+				// that has not returned holds it: then this waiter does.
+				cause = context.DeadlineExceeded
+				break
+			}
+			t.Reset(l.nextLook(j))
 		}
 	}
 	gen := j.gen.Load()
-	// Bounded on every loop: a call that holds the lock may take until
-	// the wedge (seconds), or never return on a passive loop, and the
-	// waiter's error is due at its deadline.
-	if err := l.acquireWithin(abortWait); err != nil {
+	if err := l.acquireToAbort(); err != nil {
 		if errors.Is(err, errBusy) {
-			// The loop's goroutine is in a call that has not returned,
-			// yet is not wedged: the job is left to it, and it expires
-			// the job as soon as it is back. The caller must not reuse
-			// the job, only drop its hold on it.
+			// A call that has not returned holds the endpoint, yet it is
+			// not wedged: the job is left to the loop, which expires it
+			// in its next round, before posting any more of it. The
+			// caller must not reuse the job, only drop its hold on it.
+			l.leave(j, gen, cause)
 			// Only what the loop does not write: the job is its.
 			return &TimeoutError{Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
-				After: time.Since(j.Start), Total: len(j.Chunks), Cause: ctx.Err(), Left: true}
+				After: time.Since(j.Start), Total: len(j.Chunks), Cause: cause, Left: true}
 		}
 		return err
 	}
-	l.abort(j, gen, ctx.Err())
+	l.abort(j, gen, cause)
 	l.drive.Unlock()
 	<-j.done
 	return nil
+}
+
+// nextLook is how long a parked waiter sleeps before it looks for a
+// wedge, or for the job's deadline when that comes first.
+func (l *Loop) nextLook(j *Job) time.Duration {
+	if !j.Deadline.IsZero() {
+		if d := time.Until(j.Deadline); d < wedgeCheck {
+			return max(d, 0) + time.Microsecond // just past it
+		}
+	}
+	return wedgeCheck
+}
+
+// pastDeadline reports whether j has a deadline and it passed.
+func pastDeadline(j *Job) bool {
+	return !j.Deadline.IsZero() && !time.Now().Before(j.Deadline)
+}
+
+// leave marks generation gen of j as left by its waiter for cause; the
+// loop expires it (expireLeft).
+func (l *Loop) leave(j *Job, gen uint64, cause error) {
+	if j.gen.Load() != gen {
+		return
+	}
+	j.left.Store(&cause)
+	l.leftJobs.Add(1)
+}
+
+// takeLeft clears j's left mark; it returns its cause, nil when it had
+// none. Under the drive lock.
+func (l *Loop) takeLeft(j *Job) error {
+	if j.left.Load() == nil {
+		return nil
+	}
+	if c := j.left.Swap(nil); c != nil {
+		l.leftJobs.Add(-1)
+		return *c
+	}
+	return nil
+}
+
+// expireLeft expires the running jobs their waiters left (leave), before
+// the round posts more of them. A mark set on a job that had finished
+// meanwhile is never taken: when the scan finds no mark, the count is
+// reset, unless a waiter left a job since the scan began. Under the drive
+// lock.
+func (l *Loop) expireLeft() {
+	seen := l.leftJobs.Load()
+	found := false
+	for i := 0; i < len(l.running); {
+		j := l.running[i]
+		if c := j.left.Load(); c != nil {
+			found = true
+			l.expire(j, *c) // removes j from running, and its mark (finish)
+			continue
+		}
+		i++
+	}
+	if !found {
+		l.leftJobs.CompareAndSwap(seen, 0)
+	}
 }
 
 // passiveSpin is how long a waiter on a passive loop watches for its job
@@ -435,12 +509,42 @@ const passiveSpin = 50 * time.Microsecond
 // wedgeCheck is how often a waiter checks whether the endpoint wedged.
 const wedgeCheck = 100 * time.Millisecond
 
-// abortWait is how long a waiter whose context ended waits for the drive
-// lock before it leaves its job to the loop.
+// abortWait is how long a waiter whose context or deadline ended waits
+// for the drive lock of a passive loop before it leaves its job to the
+// loop. On other loops it waits for the call that holds the lock unless
+// that call has run for stuckCall.
 const abortWait = 50 * time.Millisecond
 
 // errBusy: the drive lock stayed taken by a call that is not (yet) wedged.
 var errBusy = errors.New("endpoint busy in a libfabric call")
+
+// stuckCall is how long the call holding a loop that is not passive may
+// have run before a waiter whose request ended leaves its job to the
+// loop. Rounds take microseconds, or milliseconds moving megabytes; a
+// waiter that left a job whose call was merely slow would return while
+// the job could still complete.
+const stuckCall = time.Second
+
+// acquireToAbort takes the drive lock for a waiter whose request ended,
+// giving up with errBusy when a call holds it too long (abortWait on a
+// passive loop, whose calls may never return; stuckCall elsewhere).
+func (l *Loop) acquireToAbort() error {
+	if l.passive {
+		return l.acquireWithin(abortWait)
+	}
+	l.drivers.Add(1)
+	defer l.drivers.Add(-1)
+	for !l.drive.TryLock() {
+		if err := l.Wedged(); err != nil {
+			return err
+		}
+		if at := l.inCall.Load(); at != 0 && time.Duration(monoNow()-at) > stuckCall {
+			return errBusy
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	return nil
+}
 
 // acquireWithin is acquire, giving up with errBusy after d.
 func (l *Loop) acquireWithin(d time.Duration) error {
@@ -854,6 +958,9 @@ func (l *Loop) iterate(now int64) bool {
 		l.rounds.Store(uint64(l.iter))
 	}
 	worked := l.intake(now)
+	if l.leftJobs.Load() > 0 {
+		l.expireLeft()
+	}
 	if l.post() {
 		worked = true
 	}
@@ -1136,6 +1243,7 @@ func (l *Loop) finish(j *Job, err error) {
 		j.Errs = append(j.Errs, err)
 	}
 	j.finished = true
+	l.takeLeft(j)
 	if i := j.running; i >= 0 && i < len(l.running) && l.running[i] == j {
 		last := l.running[len(l.running)-1]
 		l.running[i] = last

@@ -536,47 +536,101 @@ func TestDeadlineOfABusyJob(t *testing.T) {
 // TestWaitersKeepTheirDeadline: while the loop's goroutine is inside a
 // call that has not returned (one that may never return on libfabric
 // 1.x's shm; one that returns only at a wedge elsewhere), a waiter's Wait
-// ends at its deadline, not at the wedge (WedgeAfter, seconds): it
-// leaves the job to the loop (Left), which ends it when the call returns.
-// A passive loop's Poll does not call libfabric either.
+// ends when its request does, not at the wedge (WedgeAfter, an hour
+// here): at its context's end, or at the job's deadline when the context
+// has none (transport's requests under the manager's timeout). It leaves
+// the job to the loop (Left) — at once on a passive loop, once the call
+// has run stuckCall elsewhere — and the loop expires it when the call
+// returns, before posting any of it. A passive loop's Poll does not call
+// libfabric either.
 func TestWaitersKeepTheirDeadline(t *testing.T) {
 	for _, passive := range []bool{true, false} {
-		t.Run(fmt.Sprintf("passive=%v", passive), func(t *testing.T) {
-			f := newFakePort()
-			f.mayHang = passive
-			l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
-			gate := make(chan struct{})
-			f.gate, f.blocked = gate, make(chan struct{})
-			go l.run()
-			defer l.Close(nil)
-			var idle atomic.Int32
-			stuck := job(1, &idle)
-			require.NoError(t, l.Submit(stuck))
-			<-f.blocked // the loop's goroutine is inside post, for good
+		for _, end := range []string{"context deadline", "job deadline", "cancel"} {
+			t.Run(fmt.Sprintf("passive=%v/%s", passive, end), func(t *testing.T) {
+				f := newFakePort()
+				f.mayHang = passive
+				l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+				gate := make(chan struct{})
+				f.gate, f.blocked = gate, make(chan struct{})
+				go l.run()
+				defer l.Close(nil)
+				var idle atomic.Int32
+				stuck := job(1, &idle)
+				require.NoError(t, l.Submit(stuck))
+				<-f.blocked // the loop's goroutine is inside post, for good
 
-			j := job(1, &idle)
-			j.Start, j.Deadline = time.Now(), time.Now().Add(100*time.Millisecond)
-			require.NoError(t, l.Submit(j))
-			ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
-			defer cancel()
-			if passive {
-				assert.False(t, l.Poll())
-			}
-			start := time.Now()
-			err := l.Wait(ctx, j)
-			var te *TimeoutError
-			require.ErrorAs(t, err, &te)
-			assert.True(t, te.Left)
-			assert.ErrorIs(t, err, context.DeadlineExceeded)
-			assert.Less(t, time.Since(start), 2*time.Second)
-			assert.Zero(t, idle.Load(), "both jobs are still the loop's")
+				j := job(4, &idle)
+				j.Start = time.Now()
+				ctx, want := context.Background(), error(context.DeadlineExceeded)
+				switch end {
+				case "context deadline":
+					j.Deadline = j.Start.Add(100 * time.Millisecond)
+					c, cancel := context.WithDeadline(ctx, j.Deadline)
+					defer cancel()
+					ctx = c
+				case "job deadline":
+					j.Deadline = j.Start.Add(100 * time.Millisecond)
+				case "cancel":
+					j.Deadline = j.Start.Add(time.Hour)
+					c, cancel := context.WithCancel(ctx)
+					defer time.AfterFunc(100*time.Millisecond, cancel).Stop()
+					ctx, want = c, context.Canceled
+				}
+				require.NoError(t, l.Submit(j))
+				if passive {
+					assert.False(t, l.Poll())
+				}
+				start := time.Now()
+				err := l.Wait(ctx, j)
+				var te *TimeoutError
+				require.ErrorAs(t, err, &te)
+				assert.True(t, te.Left)
+				assert.ErrorIs(t, err, want)
+				assert.Less(t, time.Since(start), stuckCall+2*time.Second)
+				assert.Zero(t, idle.Load(), "both jobs are still the loop's")
 
-			f.setAuto(true, nil) // what is posted completes
-			close(gate)          // the call returns
-			require.Eventually(t, func() bool { return idle.Load() == 2 }, 5*time.Second, time.Millisecond,
-				"the loop ends the job it was left, and lets both go")
-		})
+				f.setAuto(true, nil) // what is posted completes
+				close(gate)          // the call returns
+				require.Eventually(t, func() bool { return idle.Load() == 2 }, 5*time.Second, time.Millisecond,
+					"the loop ends the job it was left, and lets both go")
+				assert.Equal(t, int64(1), f.posted.Load(), "only the stuck job's op went out: the left one's were not posted")
+				require.NotEmpty(t, j.Errs)
+				assert.ErrorIs(t, j.Errs[0], want)
+				assert.Zero(t, l.leftJobs.Load(), "the left mark was taken")
+			})
+		}
 	}
+}
+
+// TestCancelUnderABusyDriver: a waiter whose context ends while another
+// waiter drives slow rounds (tcp moving megabytes), with no call stuck,
+// aborts its job itself: Wait returns with the job finished, nothing
+// left to the loop.
+func TestCancelUnderABusyDriver(t *testing.T) {
+	f := newFakePort()
+	f.slow = 5 * time.Millisecond
+	l := newLoop(f, 64, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	busy := job(40, nil) // completes only when told: its driver reaps slowly, for as long as the test runs
+	require.NoError(t, l.Submit(busy))
+	driving := make(chan error, 1)
+	go func() { driving <- l.Wait(context.Background(), busy) }()
+
+	j := job(4, nil)
+	j.Start, j.Deadline = time.Now(), time.Now().Add(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer time.AfterFunc(50*time.Millisecond, cancel).Stop()
+	require.NoError(t, l.Submit(j))
+	require.NoError(t, l.Wait(ctx, j), "the waiter aborted its job itself")
+	require.NotEmpty(t, j.Errs)
+	var te *TimeoutError
+	require.ErrorAs(t, j.Errs[0], &te)
+	assert.False(t, te.Left)
+	assert.ErrorIs(t, te, context.Canceled)
+
+	f.setAuto(true, nil)
+	require.NoError(t, <-driving)
 }
 
 // TestDoByKeepsItsDeadline: a request's DoBy (inserting a peer,
