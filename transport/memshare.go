@@ -535,12 +535,15 @@ func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds
 			return 0, nil, err // nothing asked: the link stays as it is
 		}
 	}
-	sent := false
+	sent, unsent := false, false
 	defer func() {
 		var refused *memAnswerError
 		var ne net.Error
 		switch {
 		case err == nil, errors.As(err, &refused):
+		case unsent:
+			// The request's end came before the question went out (a
+			// seqpacket write sends all or nothing): nothing is owed.
 		case sent && t != nil && t.err() != nil && errors.As(err, &ne) && ne.Timeout():
 			l.late++
 		default:
@@ -574,7 +577,9 @@ func (l *memLink) ask(t *reqTimes, req, echo []byte, want int) (size uint64, fds
 			mu.Unlock()
 		}()
 	}
-	if _, err := l.conn.Write(req); err != nil {
+	if n, err := l.conn.Write(req); err != nil {
+		var ne net.Error
+		unsent = n == 0 && t != nil && t.err() != nil && errors.As(err, &ne) && ne.Timeout()
 		return 0, nil, err
 	}
 	sent = true

@@ -138,6 +138,50 @@ func TestMapAskWithinLimits(t *testing.T) {
 			mm.unref()
 			require.False(t, l.done.Load())
 		})
+		t.Run(name+"/question not sent", func(t *testing.T) {
+			b, err := mr.Alloc(size)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = mr.Free(b) })
+			copy(b, "buffer 1")
+			ini, own := seqpacketPair(t)
+			// The owner reads nothing yet: the socket fills, and the
+			// question cannot go out before the request's limits.
+			filler := make([]byte, 64)
+			fills := 0
+			for {
+				_ = ini.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+				if _, err := ini.Write(filler); err != nil {
+					break
+				}
+				fills++
+			}
+			l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{},
+				gens: make([]uint64, 8)}
+			start := time.Now()
+			_, err = l.get(limits(t, canceled), rb(1), ep(1, 7))
+			requireGaveUp(t, err, canceled, time.Since(start))
+			require.False(t, l.done.Load(), "a question that never went out does not end the link")
+			require.Zero(t, l.late, "no answer is owed to a question that never went out")
+			go func() { // the owner reads the filler, then answers the next question
+				r := make([]byte, 64)
+				for i := 0; i < fills; i++ {
+					if _, err := own.Read(r); err != nil {
+						return
+					}
+				}
+				n, err := own.Read(r)
+				if err != nil {
+					return
+				}
+				fd, _, _ := mr.File(b, false)
+				_ = memAnswer(own, memOK, "", size, r[4:24:n], fd)
+				_ = unix.Close(fd)
+			}()
+			mm, err := l.get(testTimes(), rb(1), ep(1, 7))
+			require.NoError(t, err)
+			require.Equal(t, "buffer 1", string(mm.b[:8]))
+			mm.unref()
+		})
 		t.Run(name+"/link busy", func(t *testing.T) {
 			ini, _ := seqpacketPair(t)
 			l := &memLink{owner: &sameNodePeer{pid: 1}, conn: ini, pidfd: -1, maps: map[uint64]*memMap{}}
