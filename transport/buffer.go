@@ -450,7 +450,9 @@ func (st *bufState) desc(ctx context.Context, deadline time.Time, b *libfabric.R
 		st.mrs = append(st.mrs, nil)
 	}
 	if st.mrs[b.Index] != nil { // another op registered it meanwhile
-		_ = b.Do(func() { _ = m.Close() })
+		// Closed off the request's path: Do waits for the endpoint
+		// without a deadline.
+		go func() { _ = b.Do(func() { _ = m.Close() }) }()
 		return st.mrs[b.Index].Desc(), nil
 	}
 	st.mrs[b.Index] = m

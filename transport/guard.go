@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,14 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 		return err
 	}
 	if err := b.Wait(ctx, x); err != nil {
+		var te *progress.TimeoutError
+		if errors.As(err, &te) {
+			// Left to the loop at the request's end (a call held the
+			// endpoint): a handle check that timed out, as one that
+			// finished so.
+			j := x.Job() // its chunks were set before Submit: not the loop's to write
+			return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks), Failed: len(j.Chunks), Errs: []error{err}}
+		}
 		return err // a wedged loop keeps the job, and its own hold on the scratch it reads into
 	}
 	j := x.Job()

@@ -691,51 +691,79 @@ func TestCloseReportsWedgedEndpoint(t *testing.T) {
 	}
 }
 
-// TestRequestKeepsItsDeadlineOnABusyEndpoint: a request that must insert
-// its peer's address into the endpoint (its first op to that peer, or
-// the peer's guard check over shm) while another libfabric call holds the
-// endpoint gives up at its deadline with a timeout naming the busy
-// endpoint, not at the wedge (WedgeAfter, a minute here); nothing moved.
-// Once the call returns, the same request works.
+// TestRequestKeepsItsDeadlineOnABusyEndpoint: a request that meets its
+// endpoint held by another libfabric call gets its error by its limits,
+// not at the wedge (WedgeAfter, a minute here), whether its deadline is
+// its context's or the manager's timeout. One that must insert its
+// peer's address first (its first op to that peer, or the peer's guard
+// check over shm) fails without posting: a timeout naming the busy
+// endpoint (Busy). One whose peer is known posts its job, and leaves it
+// to the loop (Left), which expires it before posting any of it once the
+// call returns. Nothing moves either way, and then the same read works.
 func TestRequestKeepsItsDeadlineOnABusyEndpoint(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		route string
-		setup func(m *transport.Manager)
+		name           string
+		route          string
+		setup          func(m *transport.Manager)
+		known          bool // a read before the hold inserted the peer
+		managerTimeout bool // the request's deadline is the manager's timeout, its context has none
 	}{
 		{name: "first op to a tcp peer", route: testenv.RouteTCP},
 		{name: "guard check over shm", route: testenv.RouteSHM, setup: transport.GuardOverShm},
+		{name: "known tcp peer", route: testenv.RouteTCP, known: true},
+		{name: "known tcp peer, manager timeout", route: testenv.RouteTCP, known: true, managerTimeout: true},
+		{name: "known shm peer, manager timeout", route: testenv.RouteSHM, setup: transport.GuardOverShm, known: true, managerTimeout: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testenv.RequireRoute(t, tc.route)
 			policy := progress.DefaultPollPolicy
 			policy.WedgeAfter = time.Minute
-			m := newManager(t, transport.WithProviders(tc.route), transport.WithPollPolicy(policy))
+			opts := []transport.Option{transport.WithProviders(tc.route), transport.WithPollPolicy(policy)}
+			if tc.managerTimeout {
+				opts = append(opts, transport.WithTimeout(200*time.Millisecond))
+			}
+			m := newManager(t, opts...)
 			if tc.setup != nil {
 				tc.setup(m)
 			}
 			peer := testpeer.Start(t, tc.route)
 			h := peer.Register(4096, mr.ReadWrite, 1)
 			b := register(t, m, alloc(t, 4096), 0)
+			if tc.known {
+				require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), b, h))
+				clear(b.Bytes())
+			}
 
 			release := make(chan struct{})
 			transport.HoldEndpoint(m, release)
+			ctx := context.Background()
+			if !tc.managerTimeout {
+				ctx = ctxTimeout(t, 200*time.Millisecond)
+			}
 			start := time.Now()
-			err := m.ReadInto(ctxTimeout(t, 200*time.Millisecond), b, h)
+			err := m.ReadInto(ctx, b, h)
 			elapsed := time.Since(start)
 			close(release)
 			require.ErrorIs(t, err, transport.ErrTimeout)
 			var te *progress.TimeoutError
 			require.ErrorAs(t, err, &te)
-			assert.True(t, te.Busy, "the timeout names the busy endpoint: %v", err)
-			assert.Contains(t, err.Error(), "inside a libfabric call that had not returned")
 			var xe *transport.TransferError
 			require.ErrorAs(t, err, &xe)
 			assert.Len(t, xe.Errs, 1, "one error for the one op")
-			assert.Less(t, elapsed, 5*time.Second, "the error came at the wedge, not at the deadline")
-			assert.Equal(t, testpeer.Sum(make([]byte, 4096)), testpeer.Sum(b.Bytes()), "nothing moved")
+			if tc.known {
+				assert.True(t, te.Left, "the job is left to the loop: %v", err)
+			} else {
+				assert.True(t, te.Busy, "the timeout names the busy endpoint: %v", err)
+				assert.Contains(t, err.Error(), "inside a libfabric call that had not returned")
+			}
+			assert.Less(t, elapsed, 5*time.Second, "the error came at the wedge, not by the request's limits")
 
-			require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), b, h), "once the call returned")
+			// A read into another buffer: the loop's rounds since the
+			// release have expired the left job.
+			other := register(t, m, alloc(t, 4096), 0)
+			require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), other, h), "once the call returned")
+			assert.Equal(t, testpeer.Sum(make([]byte, 4096)), testpeer.Sum(b.Bytes()), "nothing moved")
+			require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), b, h))
 			assert.Equal(t, peer.Sum(0, 0, 4096), testpeer.Sum(b.Bytes()))
 		})
 	}
