@@ -342,9 +342,9 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	for i := 1; ; i++ {
 		// A background goroutine blocked on the CQ's fd holds no lock
 		// (block): no need to wake it first.
-		worked := false
+		worked, drove := false, false
 		if l.drive.TryLock() {
-			worked = l.iterate(now)
+			worked, drove = l.iterate(now), true
 			l.drive.Unlock()
 		}
 		select {
@@ -371,9 +371,10 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		// moving megabytes), and a cancelled waiter must not sit out
 		// a thousand of them.
 		if i&63 == 0 {
-			// Past the job's deadline too: a round of this waiter's own
-			// expires it, but the lock may be another's, stuck in a call.
-			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || pastDeadline(j) {
+			// Past the job's deadline too, when the lock was another's
+			// (stuck in a call, maybe): a round of this waiter's own
+			// expires the job itself, with no wall clock read here.
+			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || !drove && pastDeadline(j) {
 				break
 			}
 			yieldIfDue(now, &yielded)
