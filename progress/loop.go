@@ -425,6 +425,11 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 	gen := j.gen.Load()
 	if err := l.acquireToAbort(); err != nil {
 		if errors.Is(err, errBusy) {
+			select {
+			case <-j.done: // it finished meanwhile
+				return nil
+			default:
+			}
 			// A call that has not returned holds the endpoint, yet it is
 			// not wedged: the job is left to the loop, which expires it
 			// in its next round, before posting any more of it. The
@@ -498,9 +503,22 @@ func (l *Loop) expireLeft() {
 		}
 		i++
 	}
-	if !found {
+	if !found && !l.leftInInbox() {
 		l.leftJobs.CompareAndSwap(seen, 0)
 	}
+}
+
+// leftInInbox reports whether a job still in the inbox was left: its
+// waiter left it after this round's intake; the next round expires it.
+func (l *Loop) leftInInbox() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, j := range l.inbox {
+		if j.left.Load() != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // passiveSpin is how long a waiter on a passive loop watches for its job

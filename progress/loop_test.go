@@ -1130,3 +1130,41 @@ func TestQuietSpinnersYieldTheCPU(t *testing.T) {
 		"the spinning target did not look at its remote counter")
 	assert.Zero(t, tg.cpuYields.Load(), "a target serving a stream of peers' ops yielded its CPU")
 }
+
+// TestLeftJobInTheInbox: a waiter that leaves its job while the round
+// holding the drive lock is past its intake (the job was submitted after
+// it, and is still in the inbox) has the job expired by the next round,
+// before any of it is posted; the count of left jobs stays true (a mark
+// set on a job that had finished does not hide a later one).
+func TestLeftJobInTheInbox(t *testing.T) {
+	l, f := testLoop(t, 8, false)
+	var idle atomic.Int32
+	finished := job(1, &idle)
+	l.leave(finished, finished.gen.Load(), context.Canceled) // a mark its job's finish will never take
+	j := job(4, &idle)
+	j.Start = time.Now()
+	l.drive.Lock() // a round, past its intake
+	l.intake(monoNow())
+	require.NoError(t, l.Submit(j))
+	l.leave(j, j.gen.Load(), context.Canceled)
+	if l.leftJobs.Load() > 0 {
+		l.expireLeft()
+	}
+	l.drive.Unlock()
+	step(l) // the next round takes j in
+	assert.True(t, j.finished, "the left job is expired before posting")
+	assert.Zero(t, f.posted.Load(), "none of the left job was posted")
+	require.NotEmpty(t, j.Errs)
+	assert.ErrorIs(t, j.Errs[0], context.Canceled)
+	step(l)
+	assert.Zero(t, l.leftJobs.Load())
+
+	k := job(4, &idle)
+	k.Start = time.Now()
+	require.NoError(t, l.Submit(k))
+	step(l) // posted; nothing completes
+	l.leave(k, k.gen.Load(), context.Canceled)
+	step(l)
+	assert.True(t, k.finished, "a later left job is expired in the next round")
+	assert.Zero(t, l.leftJobs.Load())
+}
