@@ -38,8 +38,9 @@ type bufState struct {
 	nearOnce  sync.Once
 	near      []int
 	access    mr.Access
-	mrsMu     sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode)
+	mrsMu     sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode), and spare
 	mrs       []*fabric.MR // per backend index
+	spare     []spareMR    // registrations that lost a race to mrs (desc), closed with it (closeMR)
 	eps       []remoteEP   // the handle's endpoints
 	guard     uint32       // shm guard slot
 	hasGrd    bool
@@ -422,10 +423,32 @@ func (st *bufState) closeMR(i int) {
 	if i < len(st.mrs) {
 		m, st.mrs[i] = st.mrs[i], nil
 	}
+	var spares []*fabric.MR
+	kept := st.spare[:0]
+	for _, sp := range st.spare {
+		if sp.backend == i {
+			spares = append(spares, sp.mr)
+		} else {
+			kept = append(kept, sp)
+		}
+	}
+	clear(st.spare[len(kept):])
+	st.spare = kept
 	st.mrsMu.Unlock()
 	if m != nil {
 		_ = m.Close()
 	}
+	for _, sp := range spares {
+		_ = sp.Close()
+	}
+}
+
+// spareMR is a registration of a buffer on backend index backend that
+// another op's registration made redundant, left for closeMR when its
+// request could not close it in time.
+type spareMR struct {
+	backend int
+	mr      *fabric.MR
 }
 
 // desc is the local descriptor of the buffer on backend b. A buffer
@@ -444,19 +467,34 @@ func (st *bufState) desc(ctx context.Context, deadline time.Time, b *libfabric.R
 	if err != nil {
 		return nil, err
 	}
+	return st.adopt(ctx, deadline, b, m), nil
+}
+
+// adopt makes m the buffer's registration on b, unless another op's
+// registration got there first: m is closed then, or, when the request
+// ends while a call holds the endpoint, left for closeMR. It returns the
+// descriptor to use.
+func (st *bufState) adopt(ctx context.Context, deadline time.Time, b *libfabric.Route, m *fabric.MR) fabric.Desc {
 	st.mrsMu.Lock()
-	defer st.mrsMu.Unlock()
 	for len(st.mrs) <= b.Index {
 		st.mrs = append(st.mrs, nil)
 	}
-	if st.mrs[b.Index] != nil { // another op registered it meanwhile
-		// Closed off the request's path: Do waits for the endpoint
-		// without a deadline.
-		go func() { _ = b.Do(func() { _ = m.Close() }) }()
-		return st.mrs[b.Index].Desc(), nil
+	if kept := st.mrs[b.Index]; kept != nil { // another op registered it meanwhile
+		// The request holds the buffer and the manager: neither closeMR
+		// nor Manager.Close can run until it is done.
+		st.mrsMu.Unlock()
+		if err := b.DoBy(ctx, deadline, func() { _ = m.Close() }); err != nil {
+			// The request ended while a call held the endpoint: the
+			// buffer's own deregistration closes it, on the loop.
+			st.mrsMu.Lock()
+			st.spare = append(st.spare, spareMR{backend: b.Index, mr: m})
+			st.mrsMu.Unlock()
+		}
+		return kept.Desc()
 	}
 	st.mrs[b.Index] = m
-	return m.Desc(), nil
+	st.mrsMu.Unlock()
+	return m.Desc()
 }
 
 func (st *bufState) markClosed() {

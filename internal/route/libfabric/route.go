@@ -152,6 +152,12 @@ func (r *Route) Wake() { r.loop.Wake() }
 // deregistration go there).
 func (r *Route) Do(fn func()) error { return r.loop.Do(fn) }
 
+// DoBy is Do for a request that ends with ctx or at deadline
+// (progress.Loop.DoBy).
+func (r *Route) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
+	return r.loop.DoBy(ctx, deadline, fn)
+}
+
 // Register registers reg on the endpoint's domain.
 func (r *Route) Register(reg mr.Region) (*fabric.MR, error) {
 	return r.RegisterBy(context.Background(), time.Time{}, reg)
