@@ -533,6 +533,22 @@ func TestDeadlineOfABusyJob(t *testing.T) {
 	}
 }
 
+// stuckLoop returns a running loop (passive or not, never wedged) whose
+// goroutine is inside a post that returns when gate is closed, posting
+// one op of a job whose OnIdle counts into idle (when not nil).
+func stuckLoop(t *testing.T, passive bool, idle *atomic.Int32) (*Loop, *fakePort, chan struct{}) {
+	f := newFakePort()
+	f.mayHang = passive
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+	gate := make(chan struct{})
+	f.gate, f.blocked = gate, make(chan struct{})
+	go l.run()
+	t.Cleanup(func() { l.Close(nil) })
+	require.NoError(t, l.Submit(job(1, idle)))
+	<-f.blocked
+	return l, f, gate
+}
+
 // TestWaitersKeepTheirDeadline: while the loop's goroutine is inside a
 // call that has not returned (one that may never return on libfabric
 // 1.x's shm; one that returns only at a wedge elsewhere), a waiter's Wait
@@ -547,17 +563,8 @@ func TestWaitersKeepTheirDeadline(t *testing.T) {
 	for _, passive := range []bool{true, false} {
 		for _, end := range []string{"context deadline", "job deadline", "cancel"} {
 			t.Run(fmt.Sprintf("passive=%v/%s", passive, end), func(t *testing.T) {
-				f := newFakePort()
-				f.mayHang = passive
-				l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
-				gate := make(chan struct{})
-				f.gate, f.blocked = gate, make(chan struct{})
-				go l.run()
-				defer l.Close(nil)
 				var idle atomic.Int32
-				stuck := job(1, &idle)
-				require.NoError(t, l.Submit(stuck))
-				<-f.blocked // the loop's goroutine is inside post, for good
+				l, f, gate := stuckLoop(t, passive, &idle)
 
 				j := job(4, &idle)
 				j.Start = time.Now()
@@ -642,15 +649,7 @@ func TestDoByKeepsItsDeadline(t *testing.T) {
 	for _, passive := range []bool{true, false} {
 		for _, cancelled := range []bool{false, true} {
 			t.Run(fmt.Sprintf("passive=%v/cancelled=%v", passive, cancelled), func(t *testing.T) {
-				f := newFakePort()
-				f.mayHang = passive
-				l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
-				gate := make(chan struct{})
-				f.gate, f.blocked = gate, make(chan struct{})
-				go l.run()
-				defer l.Close(nil)
-				require.NoError(t, l.Submit(job(1, nil)))
-				<-f.blocked // the loop's goroutine is inside post
+				l, f, gate := stuckLoop(t, passive, nil)
 
 				ctx, deadline, want := context.Background(), time.Now().Add(100*time.Millisecond), context.DeadlineExceeded
 				if cancelled {
