@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/mr"
 )
@@ -16,7 +17,9 @@ import (
 // another op's (adopt) is closed within the request's limits: at once on
 // a free endpoint; while a call holds the endpoint, it is kept as a spare
 // and the request goes on with the first one's descriptor by its
-// deadline; the buffer's Close closes the spare with its registration.
+// deadline; the backend's closeMR closes the spare with its registration.
+// One made after closeMR ran for the backend (its rail replaced) is not
+// kept: the op fails with ErrClosed.
 func TestAdoptSecondRegistration(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteTCP)
 	m, err := New(context.Background(), WithProviders(testenv.RouteTCP))
@@ -37,18 +40,33 @@ func TestAdoptSecondRegistration(t *testing.T) {
 		return &spareMR{backend: b.Index, mr: r}
 	}
 
+	adopt := func(sp *spareMR, d time.Duration) fabric.Desc {
+		t.Helper()
+		desc, err := st.adopt(context.Background(), time.Now().Add(d), b, sp.mr)
+		require.NoError(t, err)
+		return desc
+	}
 	sp := second()
-	assert.Equal(t, first, st.adopt(context.Background(), time.Now().Add(time.Minute), b, sp.mr))
+	assert.Equal(t, first, adopt(sp, time.Minute))
 	assert.Empty(t, st.spare, "closed at once on a free endpoint")
 
 	sp = second() // registered before the endpoint is held
 	release := make(chan struct{})
 	HoldEndpoint(m, release)
 	start := time.Now()
-	assert.Equal(t, first, st.adopt(context.Background(), time.Now().Add(100*time.Millisecond), b, sp.mr))
+	assert.Equal(t, first, adopt(sp, 100*time.Millisecond))
 	assert.Less(t, time.Since(start), 5*time.Second, "adopt waited past the request's deadline")
 	require.Len(t, st.spare, 1, "kept for the buffer's Close")
 	close(release)
+
+	// The backend's registrations were closed (its rail replaced) while a
+	// request registered the buffer there: nothing may keep the new one.
+	sp = second()
+	require.NoError(t, b.Do(func() { st.closeMR(b.Index) }))
+	assert.Empty(t, st.spare, "closeMR closed the spare")
+	_, err = st.adopt(context.Background(), time.Now().Add(time.Minute), b, sp.mr)
+	require.ErrorIs(t, err, ErrClosed)
+	assert.Empty(t, st.spare)
+	assert.Nil(t, st.mrs[b.Index], "a registration kept after closeMR would never be closed")
 	require.NoError(t, buf.Close())
-	assert.Empty(t, st.spare, "the buffer's Close closed the spare")
 }

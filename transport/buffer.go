@@ -41,6 +41,7 @@ type bufState struct {
 	mrsMu     sync.Mutex   // guards mrs, which grows when a backend is added (replaceSameNode), and spare
 	mrs       []*fabric.MR // per backend index
 	spare     []spareMR    // registrations that lost a race to mrs (desc), closed with it (closeMR)
+	mrClosed  []bool       // per backend index: closeMR ran, and no registration may be kept there any more
 	eps       []remoteEP   // the handle's endpoints
 	guard     uint32       // shm guard slot
 	hasGrd    bool
@@ -419,6 +420,10 @@ func (st *bufState) freeOwned() {
 // closeMR closes the MR of one backend; only on that backend's loop.
 func (st *bufState) closeMR(i int) {
 	st.mrsMu.Lock()
+	for len(st.mrClosed) <= i {
+		st.mrClosed = append(st.mrClosed, false)
+	}
+	st.mrClosed[i] = true
 	var m *fabric.MR
 	if i < len(st.mrs) {
 		m, st.mrs[i] = st.mrs[i], nil
@@ -442,6 +447,10 @@ func (st *bufState) closeMR(i int) {
 		_ = sp.Close()
 	}
 }
+
+// mrClosedAt reports whether closeMR ran for backend index i. Under
+// mrsMu.
+func (st *bufState) mrClosedAt(i int) bool { return i < len(st.mrClosed) && st.mrClosed[i] }
 
 // spareMR is a registration of a buffer on backend index backend that
 // another op's registration made redundant, left for closeMR when its
@@ -467,34 +476,52 @@ func (st *bufState) desc(ctx context.Context, deadline time.Time, b *libfabric.R
 	if err != nil {
 		return nil, err
 	}
-	return st.adopt(ctx, deadline, b, m), nil
+	return st.adopt(ctx, deadline, b, m)
 }
 
 // adopt makes m the buffer's registration on b, unless another op's
 // registration got there first: m is closed then, or, when the request
 // ends while a call holds the endpoint, left for closeMR. It returns the
-// descriptor to use.
-func (st *bufState) adopt(ctx context.Context, deadline time.Time, b *libfabric.Route, m *fabric.MR) fabric.Desc {
+// descriptor to use, or ErrClosed when closeMR ran for b meanwhile (its
+// rail was replaced): m is closed then, or left to a loop that is stuck.
+func (st *bufState) adopt(ctx context.Context, deadline time.Time, b *libfabric.Route, m *fabric.MR) (fabric.Desc, error) {
 	st.mrsMu.Lock()
 	for len(st.mrs) <= b.Index {
 		st.mrs = append(st.mrs, nil)
 	}
+	if st.mrClosedAt(b.Index) {
+		st.mrsMu.Unlock()
+		// Nothing closes what is kept here any more. An endpoint that
+		// closed meanwhile leaves its domain open while an MR holds it.
+		if err := b.DoBy(ctx, deadline, func() { _ = m.Close() }); err != nil && b.Stopped() {
+			_ = m.Close() // the loop exited: no call of its can be under way
+		}
+		return nil, fmt.Errorf("%w: the %s endpoint closed while the buffer was registered on it", ErrClosed, b.Provider)
+	}
 	if kept := st.mrs[b.Index]; kept != nil { // another op registered it meanwhile
-		// The request holds the buffer and the manager: neither closeMR
-		// nor Manager.Close can run until it is done.
+		// The request holds the buffer and the manager, so the buffer's
+		// and the manager's Close wait for it; a rail's replacement does
+		// not, and is what mrClosed is checked for above.
 		st.mrsMu.Unlock()
 		if err := b.DoBy(ctx, deadline, func() { _ = m.Close() }); err != nil {
 			// The request ended while a call held the endpoint: the
 			// buffer's own deregistration closes it, on the loop.
 			st.mrsMu.Lock()
+			if st.mrClosedAt(b.Index) {
+				st.mrsMu.Unlock()
+				if b.Stopped() {
+					_ = m.Close() // closeMR ran meanwhile, and the loop exited
+				}
+				return nil, fmt.Errorf("%w: the %s endpoint closed while the buffer was registered on it", ErrClosed, b.Provider)
+			}
 			st.spare = append(st.spare, spareMR{backend: b.Index, mr: m})
 			st.mrsMu.Unlock()
 		}
-		return kept.Desc()
+		return kept.Desc(), nil
 	}
 	st.mrs[b.Index] = m
 	st.mrsMu.Unlock()
-	return m.Desc()
+	return m.Desc(), nil
 }
 
 func (st *bufState) markClosed() {
