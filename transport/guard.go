@@ -280,7 +280,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 			// endpoint): a handle check that timed out, as one that
 			// finished so.
 			j := x.Job() // its chunks were set before Submit: not the loop's to write
-			return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks), Failed: len(j.Chunks), Errs: []error{err}}
+			return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks), Failed: 1, Errs: []error{err}}
 		}
 		return err // a wedged loop keeps the job, and its own hold on the scratch it reads into
 	}
