@@ -489,39 +489,36 @@ func (st *bufState) adopt(ctx context.Context, deadline time.Time, b *libfabric.
 	for len(st.mrs) <= b.Index {
 		st.mrs = append(st.mrs, nil)
 	}
-	if st.mrClosedAt(b.Index) {
+	// The request holds the buffer and the manager, so the buffer's and
+	// the manager's Close wait for it; a rail's replacement does not:
+	// once closeMR ran for b, nothing kept here would ever be closed.
+	kept, closed := st.mrs[b.Index], st.mrClosedAt(b.Index)
+	if kept == nil && !closed {
+		st.mrs[b.Index] = m
 		st.mrsMu.Unlock()
-		// Nothing closes what is kept here any more. An endpoint that
-		// closed meanwhile leaves its domain open while an MR holds it.
-		if err := b.DoBy(ctx, deadline, func() { _ = m.Close() }); err != nil && b.Stopped() {
-			_ = m.Close() // the loop exited: no call of its can be under way
-		}
-		return nil, fmt.Errorf("%w: the %s endpoint closed while the buffer was registered on it", ErrClosed, b.Provider)
+		return m.Desc(), nil
 	}
-	if kept := st.mrs[b.Index]; kept != nil { // another op registered it meanwhile
-		// The request holds the buffer and the manager, so the buffer's
-		// and the manager's Close wait for it; a rail's replacement does
-		// not, and is what mrClosed is checked for above.
-		st.mrsMu.Unlock()
-		if err := b.DoBy(ctx, deadline, func() { _ = m.Close() }); err != nil {
-			// The request ended while a call held the endpoint: the
-			// buffer's own deregistration closes it, on the loop.
-			st.mrsMu.Lock()
-			if st.mrClosedAt(b.Index) {
-				st.mrsMu.Unlock()
-				if b.Stopped() {
-					_ = m.Close() // closeMR ran meanwhile, and the loop exited
-				}
-				return nil, fmt.Errorf("%w: the %s endpoint closed while the buffer was registered on it", ErrClosed, b.Provider)
-			}
-			st.spare = append(st.spare, spareMR{backend: b.Index, mr: m})
-			st.mrsMu.Unlock()
+	st.mrsMu.Unlock()
+	errClosed := fmt.Errorf("%w: the %s endpoint closed while the buffer was registered on it", ErrClosed, b.Provider)
+	if b.DoBy(ctx, deadline, func() { _ = m.Close() }) == nil {
+		if closed {
+			return nil, errClosed
 		}
 		return kept.Desc(), nil
 	}
-	st.mrs[b.Index] = m
+	// The request ended while a call held the endpoint: the buffer's own
+	// deregistration closes m, on the loop, unless it ran meanwhile.
+	st.mrsMu.Lock()
+	if !st.mrClosedAt(b.Index) {
+		st.spare = append(st.spare, spareMR{backend: b.Index, mr: m})
+		st.mrsMu.Unlock()
+		return kept.Desc(), nil
+	}
 	st.mrsMu.Unlock()
-	return m.Desc(), nil
+	if b.Stopped() {
+		_ = m.Close() // the loop exited: no call of its can be under way
+	}
+	return nil, errClosed
 }
 
 func (st *bufState) markClosed() {
