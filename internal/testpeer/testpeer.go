@@ -143,7 +143,8 @@ func child(in io.Reader, out io.Writer) int {
 			return fail(err)
 		}
 		var rep reply
-		var err error // this command's
+		var after func() // runs once the answer is out
+		var err error    // this command's
 		if req.Cmd != "register" && req.Cmd != "exit" && (req.Buf < 0 || req.Buf >= len(bufs)) {
 			rep.Err = fmt.Sprintf("no buffer %d", req.Buf)
 			_ = enc.Encode(rep)
@@ -185,11 +186,15 @@ func child(in io.Reader, out io.Writer) int {
 				err = xfer()
 				break
 			}
-			go func() {
-				for xfer() == nil {
-					looped.Add(1)
-				}
-			}()
+			// After the answer: the loop's first op may end the process
+			// (a test killing it there), and the answer must be out first.
+			after = func() {
+				go func() {
+					for xfer() == nil {
+						looped.Add(1)
+					}
+				}()
+			}
 		case "looped":
 			rep.Count = looped.Load()
 		case "stats":
@@ -205,6 +210,9 @@ func child(in io.Reader, out io.Writer) int {
 			rep.Err = err.Error()
 		}
 		_ = enc.Encode(rep)
+		if after != nil {
+			after()
+		}
 	}
 	return 0
 }
