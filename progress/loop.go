@@ -814,6 +814,18 @@ func (l *Loop) Close(beforeEndpointClose func()) error {
 	if !already {
 		l.kick()
 	}
+	if err := l.AwaitStop(); err != nil {
+		l.log.Error().Err(err).Msg("closing: endpoint left behind")
+		return err
+	}
+	return nil
+}
+
+// AwaitStop waits, after a Close begun elsewhere, for the loop's goroutine
+// to end, as Close does: nil once it ended (its beforeEndpointClose ran
+// and the endpoint is closed), or the *WedgedError of an endpoint stuck
+// inside libfabric, which is never closed.
+func (l *Loop) AwaitStop() error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -822,12 +834,14 @@ func (l *Loop) Close(beforeEndpointClose func()) error {
 			return nil
 		case <-tick.C:
 			if err := l.Wedged(); err != nil {
-				l.log.Error().Err(err).Msg("closing: endpoint left behind")
 				return err
 			}
 		}
 	}
 }
+
+// Closing reports whether Close was called.
+func (l *Loop) Closing() bool { return l.closing.Load() }
 
 // Stopped reports whether the loop's goroutine has ended (after Close;
 // not when Close gave up on a wedged endpoint).

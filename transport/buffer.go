@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -149,7 +150,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 		var err error
 		st.mrs[b.Index], err = b.Register(mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})
 		if err != nil {
-			st.deregister()
+			_ = st.deregister()
 			return nil, b, err
 		}
 		st.eps = append(st.eps, remoteEP{provider: b.Name(), rail: uint8(b.Rail), name: b.EndpointName(), key: st.mrs[b.Index].Key(),
@@ -163,7 +164,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 		cmaKey := mr.RandomKey(8)
 		slot, gen, err := g.publish(st.id, uint64(base), st.size, shmKey, cmaKey, access)
 		if err != nil {
-			st.deregister()
+			_ = st.deregister()
 			return nil, nil, err
 		}
 		st.guard, st.hasGrd = slot, true
@@ -187,7 +188,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	}
 	if len(st.eps) == 0 && access != 0 { // a buffer without remote access needs no route
 		st.revokeGuard(time.Now())
-		st.deregister()
+		_ = st.deregister()
 		why := "none of its routes can share it"
 		if m.memOn && st.iface == mr.Host && !access.Allows(mr.RemoteRead) {
 			why = "the mem route shares only memory peers may read (a mapping reads what it writes)"
@@ -261,6 +262,7 @@ func (b *Buffer) Close() error {
 	st.mu.Unlock()
 	st.m.bufsMu.Lock()
 	delete(st.m.bufs, st.id)
+	st.m.closingBufs[st.id] = st
 	st.m.bufsMu.Unlock()
 	// One wait for both: the peers' copies, then this process's transfers.
 	wait := st.m.cfg.timeout
@@ -273,8 +275,7 @@ func (b *Buffer) Close() error {
 		return &InUseError{Buffer: st.id, Peers: peers, Waited: wait}
 	}
 	if idle {
-		st.deregister()
-		return nil
+		return st.deregister()
 	}
 	if drained != nil {
 		t := time.NewTimer(time.Until(deadline))
@@ -289,8 +290,7 @@ func (b *Buffer) Close() error {
 	st.drained = nil // from now on the last unref deregisters
 	st.mu.Unlock()
 	if refs == 0 {
-		st.deregister()
-		return nil
+		return st.deregister()
 	}
 	e := &InUseError{Buffer: st.id, Transfers: refs, Stuck: stuck}
 	if refs > stuck {
@@ -352,7 +352,7 @@ func (st *bufState) Unref() {
 	st.mu.Unlock()
 	switch {
 	case last:
-		go st.deregister()
+		go func() { _ = st.deregister() }() // its error is logged
 	case owned:
 		go st.freeOwned() // its registrations were closed while this transfer copied
 	}
@@ -376,27 +376,84 @@ func (st *bufState) revokeGuard(deadline time.Time) []int {
 	return busy
 }
 
-// deregister closes the MRs, each on its backend's loop.
-func (st *bufState) deregister() {
+// deregister closes the MRs, each on its backend's loop, then frees the
+// memory of a Manager.Alloc buffer. An endpoint that is closing (by
+// Manager.Close, or a rail's replacement) closes the buffer's MR itself
+// (closingBufs): deregister waits for that before it frees. It returns an
+// error wrapping ErrEndpointWedged when an MR stays open on an endpoint
+// stuck inside libfabric; the memory then stays too.
+func (st *bufState) deregister() error {
 	st.mu.Lock()
 	if st.deregistered {
 		st.mu.Unlock()
-		return
+		return nil
 	}
 	st.deregistered = true
 	st.mu.Unlock()
+	var left []error
 	for _, b := range st.m.backends().all {
-		if b.Retired.Load() {
-			continue // a retired backend's loop is stuck: its MRs stay
-		}
 		// st.mrs[i] is read and cleared only on backend i's loop: a
-		// Manager.Close closing the same MR runs there too.
-		if err := b.Do(func() { st.closeMR(b.Index) }); err != nil {
-			// The loop is closing: Manager.Close closes the MR.
+		// Manager.Close closing the same MR runs there too. A retired
+		// backend's loop is stuck in a call: no Do there.
+		if !b.Retired.Load() && b.Do(func() { st.closeMR(b.Index) }) == nil {
 			continue
 		}
+		if !st.registeredOn(b.Index) {
+			continue
+		}
+		err := b.Wedged()
+		if b.Closing() {
+			err = b.AwaitStop()
+		}
+		if err == nil && !b.Stopped() {
+			err = fmt.Errorf("%w: the %s endpoint was retired and is not closed", ErrEndpointWedged, b.Provider)
+		}
+		if err != nil {
+			left = append(left, err)
+			continue
+		}
+		// The loop exited: none of its calls can be under way. Its close
+		// closed the MR, unless the buffer left bufs before that list was
+		// taken and closingBufs after — which Close's order rules out.
+		st.closeMR(b.Index)
 	}
+	if len(left) > 0 {
+		// Still in closingBufs: should the stuck call return, the
+		// endpoint's close closes the MR.
+		st.m.log.Error().Uint64("buffer", st.id).Errs("endpoints", left).
+			Msg("buffer's registration left on an endpoint stuck inside libfabric; its memory stays")
+		return fmt.Errorf("buffer %d: its registration stays on an endpoint stuck inside libfabric, so do not free or reuse the memory (a Manager.Alloc buffer's is kept): %w",
+			st.id, errors.Join(left...))
+	}
+	st.leaveClosing()
 	st.freeOwned()
+	return nil
+}
+
+// leaveClosing takes the buffer off the manager's closingBufs once its
+// registrations are closed.
+func (st *bufState) leaveClosing() {
+	st.m.bufsMu.Lock()
+	if st.m.closingBufs[st.id] == st {
+		delete(st.m.closingBufs, st.id)
+	}
+	st.m.bufsMu.Unlock()
+}
+
+// registeredOn reports whether an MR of the buffer is open on backend
+// index i.
+func (st *bufState) registeredOn(i int) bool {
+	st.mrsMu.Lock()
+	defer st.mrsMu.Unlock()
+	if i < len(st.mrs) && st.mrs[i] != nil {
+		return true
+	}
+	for _, sp := range st.spare {
+		if sp.backend == i {
+			return true
+		}
+	}
+	return false
 }
 
 // freeOwned frees the memory of a Manager.Alloc buffer, once, unless a

@@ -53,3 +53,53 @@ func TestCloseWaitsOneTimeout(t *testing.T) {
 	assert.Less(t, elapsed, timeout*3/2, "Close waited past the manager's timeout")
 	st.Unref()
 }
+
+// TestCloseRacingManagerClose: a Buffer.Close still waiting for its
+// transfers when Manager.Close runs has left the manager's list of
+// buffers; its registrations are closed all the same, before the
+// endpoint, and its memory is freed only after that.
+func TestCloseRacingManagerClose(t *testing.T) {
+	for _, route := range []string{testenv.RouteTCP, testenv.RouteSHM} {
+		t.Run(route, func(t *testing.T) {
+			testenv.RequireRoute(t, route)
+			m, err := New(context.Background(), WithProviders(route))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = m.Close() })
+			b, err := m.Alloc(4096, mr.ReadWrite)
+			require.NoError(t, err)
+			st := b.st
+			require.NotEmpty(t, st.mrs)
+			require.NotNil(t, st.mrs[0], "registered on the endpoint")
+
+			require.NoError(t, st.ref()) // a transfer of this process, under way
+			closed := make(chan error, 1)
+			go func() { closed <- b.Close() }()
+			require.Eventually(t, func() bool {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				return st.closed && st.drained != nil
+			}, 10*time.Second, time.Millisecond, "Buffer.Close waits for the transfer")
+
+			require.NoError(t, m.Close())
+			st.Unref() // the transfer ends: Close deregisters now
+			select {
+			case err := <-closed:
+				require.NoError(t, err)
+			case <-time.After(time.Minute):
+				t.Fatal("Buffer.Close did not return")
+			}
+			st.mrsMu.Lock()
+			for i, r := range st.mrs {
+				assert.Nil(t, r, "the registration on backend %d was never closed", i)
+			}
+			assert.Empty(t, st.spare)
+			st.mrsMu.Unlock()
+			// The last Unref frees it, on a goroutine of its own.
+			assert.Eventually(t, func() bool {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				return !st.owned
+			}, 10*time.Second, time.Millisecond, "the memory was never freed")
+		})
+	}
+}

@@ -82,7 +82,12 @@ type Manager struct {
 	deathsChecked uint64
 	bufsMu        sync.Mutex
 	bufs          map[uint64]*bufState
-	nextID        atomic.Uint64
+	// closingBufs: buffers whose Close has begun and whose registrations
+	// are not all closed yet. Peers no longer find them (bufs), but a
+	// Manager.Close or a rail's replacement closing an endpoint closes
+	// their registrations there, as it does the open buffers'.
+	closingBufs map[uint64]*bufState
+	nextID      atomic.Uint64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,
@@ -111,7 +116,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{},
+	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{}, closingBufs: map[uint64]*bufState{},
 		topo: topology.Tree{Root: "/sys"}, quit: make(chan struct{})}
 	infos, err := m.discover()
 	if err != nil {
@@ -746,6 +751,7 @@ func (m *Manager) Close() error {
 	m.bufsMu.Lock()
 	bufs := m.bufs
 	m.bufs = map[uint64]*bufState{}
+	all := m.registeredBufs(bufs)
 	m.bufsMu.Unlock()
 	var errs []error
 	// Peers copying with a buffer on the mem route finish first: the
@@ -769,7 +775,7 @@ func (m *Manager) Close() error {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
 		err := b.CloseWith(func() {
-			for _, st := range bufs {
+			for _, st := range all {
 				st.closeMR(b.Index)
 			}
 		})
@@ -777,7 +783,7 @@ func (m *Manager) Close() error {
 			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
 		}
 	}
-	for _, st := range bufs {
+	for _, st := range all {
 		st.markClosed()
 	}
 	wedged := false
@@ -789,7 +795,7 @@ func (m *Manager) Close() error {
 		b.FreeScratch()
 	}
 	if !wedged {
-		for _, st := range bufs {
+		for _, st := range all {
 			st.freeOwned()
 		}
 	}
@@ -801,6 +807,19 @@ func (m *Manager) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// registeredBufs lists the buffers of open that may hold registrations,
+// with those whose Close has not closed them all yet. Under bufsMu.
+func (m *Manager) registeredBufs(open map[uint64]*bufState) []*bufState {
+	all := make([]*bufState, 0, len(open)+len(m.closingBufs))
+	for _, st := range open {
+		all = append(all, st)
+	}
+	for _, st := range m.closingBufs {
+		all = append(all, st)
+	}
+	return all
 }
 
 // acquire holds the manager open for one operation.

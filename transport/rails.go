@@ -777,10 +777,7 @@ func (m *Manager) replaceRail(old *libfabric.Route) error {
 		m.log.Info().Int("rail", old.Rail).Int("sockets", n).Msg("rail's TCP sockets set to abort, not retransmit")
 	}
 	m.bufsMu.Lock()
-	bufs := make([]*bufState, 0, len(m.bufs))
-	for _, st := range m.bufs {
-		bufs = append(bufs, st)
-	}
+	bufs := m.registeredBufs(m.bufs)
 	m.bufsMu.Unlock()
 	closeErr := old.CloseWith(func() {
 		for _, st := range bufs {

@@ -197,6 +197,14 @@ func (r *Route) CloseWith(beforeEndpointClose func()) error {
 	})
 }
 
+// Closing reports whether the route's Close began.
+func (r *Route) Closing() bool { return r.loop.Closing() }
+
+// AwaitStop waits for the loop, whose Close began elsewhere, to stop:
+// nil once it did, or the *progress.WedgedError of an endpoint left
+// behind (progress.Loop.AwaitStop).
+func (r *Route) AwaitStop() error { return r.loop.AwaitStop() }
+
 // Stopped reports whether the loop stopped (and so the endpoint is
 // closed): false after Close of a wedged endpoint.
 func (r *Route) Stopped() bool { return r.loop.Stopped() }
