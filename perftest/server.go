@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
@@ -401,8 +402,8 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn, admitted fun
 // it echoes the bytes it received.
 func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *transport.Buffer, hello, msg bootstrap.Message) error {
 	size := msg.Size
-	if size == 0 || 2*size > s.size {
-		return fmt.Errorf("pingpong of %d bytes needs a server buffer of at least %d bytes (serve --size)", size, 2*size)
+	if size == 0 || size > s.size/2 { // not 2*size: a client's size may wrap it
+		return fmt.Errorf("a pingpong of %d bytes needs a server buffer of twice that (this one has %d bytes: serve --size)", size, s.size)
 	}
 	var peer transport.RemoteBuffer
 	if err := peer.UnmarshalBinary(hello.Handle); err != nil {
@@ -412,23 +413,34 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	// to the client's own address, so that no client can point the
 	// server's traffic at a third host (or learn which of its ports are
 	// open).
-	rt, rtErr := s.m.Route(peer)
-	if rtErr == nil && rt.Host != "" {
+	rt, err := s.m.Route(peer)
+	if err != nil {
+		return fmt.Errorf("the pingpong buffer: %w", err)
+	}
+	if rt.Backend == string(fabric.BackendTCP) {
+		// A name Route cannot read as an IP address is refused too: the
+		// check must not be skipped on the client's word.
 		client, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
-		if !net.ParseIP(rt.Host).Equal(net.ParseIP(client)) {
-			return fmt.Errorf("the pingpong buffer is at %s, not at the client's address %s: serve writes only to its client", rt.Host, client)
+		if rt.Host == "" || !net.ParseIP(rt.Host).Equal(net.ParseIP(client)) {
+			return fmt.Errorf("the pingpong buffer is at %q, not at the client's address %s: serve writes only to its client", rt.Host, client)
 		}
 	}
-	poll := s.m.Poll
-	if rtErr == nil {
-		poll = pollRoute(s.m, rt)
-	}
+	poll := pollRoute(s.m, rt)
 	if peer.Len() < size {
 		return fmt.Errorf("client buffer of %d bytes is smaller than the %d-byte pingpong", peer.Len(), size)
 	}
-	dst, _ := peer.Slice(0, size)
-	recv, _ := buf.Slice(0, size)
-	send, _ := buf.Slice(size, size)
+	dst, err := peer.Slice(0, size)
+	if err != nil {
+		return err
+	}
+	recv, err := buf.Slice(0, size)
+	if err != nil {
+		return err
+	}
+	send, err := buf.Slice(size, size)
+	if err != nil {
+		return err
+	}
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
 		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, poll, clientGone(conn)); err != nil {

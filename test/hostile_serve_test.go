@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"os"
 	"os/exec"
@@ -226,5 +227,52 @@ func TestServeOutlivesDyingClients(t *testing.T) {
 				require.NoError(t, err, "a %s client after a %s %s client was killed: %s", next, victim, op, out)
 			}
 		}
+	}
+}
+
+// TestServeRefusesForgedPingPongs: a pingpong request serve must refuse,
+// saying why, and keep serving: a size whose double wraps to 0 (with a
+// handle claiming that much), and a client buffer whose tcp name is no
+// IP address, so that it cannot be checked against the client's.
+func TestServeRefusesForgedPingPongs(t *testing.T) {
+	addr := startLocalServer(t, "--size", "1m")
+	attacker := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(5*time.Second))
+	mine, _ := register(t, attacker, 4096, mr.ReadWrite)
+	for _, tc := range []struct {
+		name  string
+		size  uint64
+		forge func(top map[string]any, eps []map[string]any)
+		want  string
+	}{
+		{"size overflows", 1 << 63, func(top map[string]any, eps []map[string]any) {
+			set(top, "size", 1<<63)
+			set(top, "length", 1<<63)
+			set(top, "offset", 0)
+			for _, e := range eps {
+				set(e, "addr", 0)
+			}
+		}, "needs a server buffer of twice that"},
+		{"name of no IP address", 8, func(top map[string]any, eps []map[string]any) {
+			e := endpointOf(eps, testenv.RouteTCP)
+			name, err := base64.StdEncoding.DecodeString(e["name"].(string))
+			require.NoError(t, err)
+			name[0], name[1] = 10, 0 // AF_INET6 in an AF_INET-sized name
+			e["name"] = base64.StdEncoding.EncodeToString(name)
+		}, "serve writes only to its client"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forged, err := alter(t, mine.Remote(), tc.forge)
+			require.NoError(t, err)
+			fh, err := forged.MarshalBinary()
+			require.NoError(t, err)
+			c, _ := hello(t, addr, attacker, bootstrap.ModePingPong, fh)
+			require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: tc.size, Iters: 1}))
+			_, err = c.Expect(bootstrap.TypeDone, 15*time.Second)
+			require.Error(t, err, "serve answered a forged pingpong")
+			assert.Contains(t, err.Error(), tc.want)
+			// serve keeps serving.
+			out, err := exec.Command(fitransferBin, "read", addr, "-S", "4k", "-I", "10", "-v").CombinedOutput()
+			require.NoError(t, err, string(out))
+		})
 	}
 }
