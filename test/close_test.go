@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
@@ -177,4 +180,48 @@ func TestCloseStopsMemPeers(t *testing.T) {
 			require.Equal(t, want, owner.Sum(first+i, 0, size), "round %d: buffer %d was written after its Close returned", round, i)
 		}
 	}
+}
+
+// TestCloseStopsCMAPeers: a peer's long write over cma (a write-only
+// buffer, which the mem route does not share) into memory this process
+// registered. The owner closes the buffer while the write is under way
+// and, the moment Close returns, fills the memory with a pattern of its
+// own. The peer looks at the buffer's generation before each piece of
+// its copy: the piece in flight when Close returned may still land, no
+// more, and the write fails with a stale handle.
+func TestCloseStopsCMAPeers(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteCMA)
+	const size = 256 << 20 // 64 pieces: tens of milliseconds of copying
+	m := newManager(t, transport.WithProviders(testenv.RouteCMA))
+	peer := testpeer.Start(t, testenv.RouteCMA)
+	peer.Register(size, 0, 77) // the peer's source
+	mem, err := mr.Alloc(size)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mr.Free(mem) })
+	b, err := m.Register(mem, mr.RemoteWrite)
+	require.NoError(t, err)
+	wrote := make(chan error, 1)
+	go func() { wrote <- peer.Transfer("write", 0, b.Remote()) }()
+	// The write began when its first bytes are here (the pattern of seed
+	// 77 has no zero word at the start).
+	require.Eventually(t, func() bool { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != 0 },
+		30*time.Second, 10*time.Microsecond, "the peer's write did not begin")
+	require.NoError(t, b.Close())
+	last := atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[size-8])))
+	require.Zero(t, last, "the write ended before Close returned: the test proves nothing")
+	for i := range mem {
+		mem[i] = 0xAB
+	}
+	err = <-wrote
+	require.Error(t, err, "the peer's write returned nil, though Close stopped it")
+	assert.Contains(t, err.Error(), "stale or altered handle")
+	assert.Contains(t, err.Error(), "closed by its owner")
+	changed := 0
+	for i := 0; i < size; i += 4096 {
+		if mem[i] != 0xAB {
+			changed++
+		}
+	}
+	t.Logf("peer: %v; pages written after Close returned: %d", err, changed)
+	assert.LessOrEqual(t, changed, route.Piece/4096, "the peer wrote more than the piece in flight after Close returned")
 }

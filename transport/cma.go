@@ -2,6 +2,8 @@ package transport
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -125,6 +127,7 @@ func (m *Manager) shmCopiesItself(o *opSpec) bool {
 type cmaRequest struct {
 	ops  []cma.Op
 	errs []error
+	at   []int // the request's index of each op
 }
 
 var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
@@ -139,7 +142,7 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	defer func() {
 		clear(rq.ops)
 		clear(rq.errs)
-		rq.ops, rq.errs = rq.ops[:0], rq.errs[:0]
+		rq.ops, rq.errs, rq.at = rq.ops[:0], rq.errs[:0], rq.at[:0]
 		cmaRequests.Put(rq)
 	}()
 	for i := range ops {
@@ -149,14 +152,21 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 		}
 		rq.ops = append(rq.ops, cma.Op{Dir: o.op, PID: o.peer.pid,
 			Local:  o.local.st.mem[o.local.off : o.local.off+o.remote.n], // host memory: prepare routed device memory elsewhere
-			Remote: o.ep.base + o.remote.off})
+			Remote: o.ep.base + o.remote.off,
+			// The entry's generation, in the verified owner's table: what
+			// its Close changes first (guardTable.revoke).
+			GenAt: o.peer.cma.table + uint64(o.ep.guard.slot)*guardEntrySize + 8*gwGen, Gen: o.ep.guard.gen})
 		rq.errs = append(rq.errs, nil)
+		rq.at = append(rq.at, i)
 	}
 	if len(rq.ops) == 0 {
 		return errs, 0
 	}
 	failed := cma.Run(lim, rq.ops, rq.errs)
-	for _, err := range rq.errs {
+	for k, err := range rq.errs {
+		if errors.Is(err, cma.ErrClosed) {
+			err = fmt.Errorf("%w: buffer %d was closed by its owner during the copy: %w", ErrStaleHandle, ops[rq.at[k]].remote.id, err)
+		}
 		if err != nil {
 			errs = append(errs, err)
 		}

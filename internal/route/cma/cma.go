@@ -10,6 +10,7 @@
 package cma
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -191,6 +192,19 @@ func errorOf(op progress.Op, pid int, off, n uint64, err error) error {
 	return err
 }
 
+// stillOpen reads the owner's generation word of o's buffer: ErrClosed
+// when it changed, so that a Close stops the copy within a piece.
+func stillOpen(o *Op, off uint64) error {
+	var gen [8]byte
+	if err := ReadAt(o.Dir, o.PID, o.GenAt, gen[:], uint64(len(o.Local))); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint64(gen[:]) != o.Gen {
+		return fmt.Errorf("%s over cma at offset %d of %d bytes: %w", o.Dir, off, len(o.Local), ErrClosed)
+	}
+	return nil
+}
+
 // ReadAt reads len(buf) bytes at addr in process pid, for an op of n
 // bytes: the owner's guard entry, checked before the op.
 func ReadAt(op progress.Op, pid int, addr uint64, buf []byte, n uint64) error {
@@ -205,13 +219,21 @@ func ReadAt(op progress.Op, pid int, addr uint64, buf []byte, n uint64) error {
 	return nil
 }
 
-// Op is one copy: Local's bytes to or from Remote in process PID.
+// Op is one copy: Local's bytes to or from Remote in process PID. A copy
+// of more than one piece reads the owner's word at GenAt (when not 0)
+// before each later piece and stops with ErrClosed when it is no longer
+// Gen: the owner closed the buffer meanwhile.
 type Op struct {
 	Dir    progress.Op
 	PID    int
 	Local  []byte
 	Remote uint64
+	GenAt  uint64
+	Gen    uint64
 }
+
+// ErrClosed is a copy that the owner's Close stopped between pieces.
+var ErrClosed = errors.New("the owner closed the buffer")
 
 // batch is the iovecs of one call, pooled so that a request of small ops
 // allocates nothing.
@@ -298,6 +320,11 @@ func Copy(lim route.Limit, o *Op) error {
 	for off := uint64(0); off < size; {
 		if err := lim.Err(); err != nil {
 			return lim.Timeout(o.Dir, Name, Peer(o.PID), size, off, chunk, err)
+		}
+		if off > 0 && o.GenAt != 0 {
+			if err := stillOpen(o, off); err != nil {
+				return err
+			}
 		}
 		n := min(size-off, chunk)
 		liov := []unix.Iovec{{Base: &o.Local[off], Len: n}}
