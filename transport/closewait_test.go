@@ -60,3 +60,55 @@ func TestCloseWhileVerifying(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseFailsTransfersWithErrClosed: transfers under way when the
+// manager closes fail with ErrClosed on every route, whichever part of
+// the manager ended them (its loops' pending jobs on shm and tcp), or
+// succeed; a Route asked after Close fails with ErrClosed too.
+func TestCloseFailsTransfersWithErrClosed(t *testing.T) {
+	const size, workers = 16 << 20, 4
+	for _, route := range testenv.Routes() {
+		t.Run(route, func(t *testing.T) {
+			testenv.RequireRoute(t, route)
+			owner := testpeer.Start(t, route)
+			h := owner.Register(size, mr.ReadWrite, 1)
+			m, err := transport.New(context.Background(), transport.WithProviders(route))
+			require.NoError(t, err)
+			errs := make(chan error, workers)
+			started := make(chan struct{}, workers)
+			for w := 0; w < workers; w++ {
+				local := register(t, m, alloc(t, size), mr.ReadWrite)
+				go func() {
+					for i := 0; ; i++ {
+						err := m.ReadInto(context.Background(), local, h)
+						if i == 0 {
+							started <- struct{}{}
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			for w := 0; w < workers; w++ {
+				select {
+				case <-started:
+				case <-time.After(30 * time.Second):
+					t.Fatal("no transfer completed")
+				}
+			}
+			require.NoError(t, m.Close())
+			for w := 0; w < workers; w++ {
+				select {
+				case err := <-errs:
+					assert.ErrorIs(t, err, transport.ErrClosed)
+				case <-time.After(30 * time.Second):
+					t.Fatal("a transfer still runs 30 s after Close")
+				}
+			}
+			_, err = m.Route(h)
+			assert.ErrorIs(t, err, transport.ErrClosed, "Route after Close")
+		})
+	}
+}

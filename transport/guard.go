@@ -286,8 +286,10 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 	}
 	j := x.Job()
 	if len(j.Errs) > 0 {
+		errs := append([]error(nil), j.Errs...)
+		m.closedErrs(errs)
 		return &TransferError{Op: "handle check", Bytes: j.Bytes(), Ops: len(j.Chunks), Chunks: len(j.Chunks),
-			Failed: len(j.Errs), Errs: append([]error(nil), j.Errs...)}
+			Failed: len(j.Errs), Errs: errs}
 	}
 	for i := range checks {
 		o := &ops[checks[i].op]

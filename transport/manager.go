@@ -440,6 +440,9 @@ type Route struct {
 // manager's timeout: an error wrapping ErrTimeout then, or ErrClosed when
 // the manager closes meanwhile.
 func (m *Manager) Route(r RemoteBuffer) (Route, error) {
+	if m.closing.Load() {
+		return Route{}, ErrClosed
+	}
 	rt, err := m.route(&r, 0, &reqTimes{ctx: context.Background(), timeout: m.cfg.timeout, quit: m.quit})
 	if err != nil {
 		return Route{Locality: rt.loc}, err
@@ -783,7 +786,9 @@ func (m *Manager) Close() error {
 			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
 		}
 	}
-	for _, st := range all {
+	// Not the closing ones: their own deregistration still runs, and says
+	// whether an endpoint kept their MR.
+	for _, st := range bufs {
 		st.markClosed()
 	}
 	wedged := false

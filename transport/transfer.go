@@ -274,8 +274,23 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			break
 		}
 	}
+	m.closedErrs(errs)
 	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Chunks: chunks, Failed: failed,
 		NotAttempted: max(0, chunks-attempted), Errs: errs}
+}
+
+// closedErrs makes the errors of jobs that a closing manager's loops
+// failed (progress.ErrClosed) say ErrClosed as well. A loop closed
+// otherwise (a rail's replacement) keeps its own error.
+func (m *Manager) closedErrs(errs []error) {
+	if !m.closing.Load() {
+		return
+	}
+	for i, err := range errs {
+		if errors.Is(err, progress.ErrClosed) && !errors.Is(err, ErrClosed) {
+			errs[i] = fmt.Errorf("%w: %w", ErrClosed, err)
+		}
+	}
 }
 
 // reqTimes is a request's start, and its deadline (the context's, or
