@@ -225,3 +225,31 @@ func TestCloseStopsCMAPeers(t *testing.T) {
 	t.Logf("peer: %v; pages written after Close returned: %d", err, changed)
 	assert.LessOrEqual(t, changed, route.Piece/4096, "the peer wrote more than the piece in flight after Close returned")
 }
+
+// TestCloseStopsCMAPeersOfAllocBuffers: the same with a Manager.Alloc
+// buffer, whose Close also unmaps the memory: the peer's write fails
+// with a stale handle, whether it saw the new generation before a piece
+// or its piece found the memory gone (EFAULT).
+func TestCloseStopsCMAPeersOfAllocBuffers(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteCMA)
+	const size = 256 << 20
+	m := newManager(t, transport.WithProviders(testenv.RouteCMA))
+	peer := testpeer.Start(t, testenv.RouteCMA)
+	peer.Register(size, 0, 77)
+	for i := 0; i < 3; i++ {
+		b, err := m.Alloc(size, mr.RemoteWrite)
+		require.NoError(t, err)
+		mem := b.Bytes()
+		wrote := make(chan error, 1)
+		go func() { wrote <- peer.Transfer("write", 0, b.Remote()) }()
+		require.Eventually(t, func() bool { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != 0 },
+			30*time.Second, 10*time.Microsecond, "the peer's write did not begin")
+		require.Zero(t, atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[size-8]))), "the write ended before Close: the test proves nothing")
+		require.NoError(t, b.Close())
+		err = <-wrote
+		require.Error(t, err, "the peer's write returned nil, though Close stopped it")
+		assert.Contains(t, err.Error(), "stale or altered handle")
+		assert.Contains(t, err.Error(), "closed by its owner")
+		t.Logf("peer: %v", err)
+	}
+}

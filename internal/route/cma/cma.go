@@ -336,11 +336,18 @@ func Copy(lim route.Limit, o *Op) error {
 		} else {
 			done, err = unix.ProcessVMReadv(o.PID, liov, riov, 0)
 		}
-		if err != nil {
-			return errorOf(o.Dir, o.PID, off, n, err)
+		if err == nil && done == 0 {
+			err = unix.EFAULT
 		}
-		if done == 0 {
-			return &Error{Op: o.Dir, Peer: Peer(o.PID), Offset: off, Len: n, Errno: unix.EFAULT}
+		if err != nil {
+			// The owner's Close unmaps a Manager.Alloc buffer: EFAULT
+			// then means closed, not freed while registered.
+			if o.GenAt != 0 && !errors.Is(err, unix.ESRCH) {
+				if cerr := stillOpen(o, off); errors.Is(cerr, ErrClosed) {
+					return cerr
+				}
+			}
+			return errorOf(o.Dir, o.PID, off, n, err)
 		}
 		off += uint64(done)
 	}

@@ -102,3 +102,40 @@ func TestNames(t *testing.T) {
 	assert.Equal(t, math.MaxInt32, PID([]byte("2147483647")))
 	assert.Equal(t, "process 7", Peer(7))
 }
+
+// TestCopyStopsAtANewGeneration: a copy of more than one piece stops
+// with ErrClosed before the first piece after its owner's generation
+// word changed; a copy that finds the owner's memory gone (EFAULT, the
+// owner unmapped a buffer it closed) says ErrClosed too when the
+// generation changed, and the errno when it did not.
+func TestCopyStopsAtANewGeneration(t *testing.T) {
+	requireCMA(t)
+	pid := os.Getpid()
+	gen, err := mr.Alloc(8)
+	require.NoError(t, err)
+	defer mr.Free(gen)
+	genAt := uint64(mr.Addr(gen))
+	setGen := func(v uint64) { *mr.Uint64(gen, 0) = v }
+
+	remote, err := mr.Alloc(2 * chunk)
+	require.NoError(t, err)
+	local := make([]byte, 2*chunk)
+	setGen(1)
+	o := Op{Dir: progress.Write, PID: pid, Local: local, Remote: uint64(mr.Addr(remote)), GenAt: genAt, Gen: 1}
+	require.NoError(t, Copy(open(), &o), "the generation is the op's")
+	setGen(2)
+	err = Copy(open(), &o)
+	require.ErrorIs(t, err, ErrClosed)
+	assert.Contains(t, err.Error(), "at offset 4194304")
+
+	// The owner's memory is gone.
+	require.NoError(t, mr.Free(remote))
+	small := Op{Dir: progress.Write, PID: pid, Local: local[:64], Remote: o.Remote, GenAt: genAt, Gen: 1}
+	err = Copy(open(), &small)
+	require.ErrorIs(t, err, ErrClosed, "closed, then unmapped")
+	small.Gen = 2
+	err = Copy(open(), &small)
+	var ce *Error
+	require.ErrorAs(t, err, &ce, "unmapped under an open generation")
+	assert.Equal(t, unix.EFAULT, ce.Errno)
+}
