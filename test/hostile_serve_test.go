@@ -167,7 +167,10 @@ func TestServeIsNoConfusedDeputy(t *testing.T) {
 			ping, pingMem := register(t, attacker, 8, 0)
 			pingMem[7] = perftest.Marker(1)
 			h2head, _ := h2.Slice(0, 8)
-			require.NoError(t, attacker.WriteFrom(context.Background(), h2head, ping))
+			// The ping that would make serve answer. serve may have
+			// refused already (no route to a handle it cannot verify) and
+			// closed the session buffer: then this write fails, stale.
+			_ = attacker.WriteFrom(context.Background(), h2head, ping)
 			_, err = c2.Expect(bootstrap.TypeDone, 15*time.Second)
 			require.Error(t, err, "serve answered a pingpong into a forged handle")
 			t.Logf("serve: %v", err)
