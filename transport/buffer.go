@@ -222,7 +222,7 @@ func (b *Buffer) Access() mr.Access { return b.st.access }
 // Slice returns bytes [off, off+n) of b, sharing its registration.
 func (b *Buffer) Slice(off, n uint64) (*Buffer, error) {
 	if off > b.n || n > b.n-off {
-		return nil, fmt.Errorf("%w: slice [%d, %d) of a %d-byte buffer", ErrOutOfRange, off, off+n, b.n)
+		return nil, fmt.Errorf("%w: a slice of %d bytes at offset %d of a %d-byte buffer", ErrOutOfRange, n, off, b.n)
 	}
 	return &Buffer{st: b.st, off: b.off + off, n: n}, nil
 }

@@ -207,6 +207,9 @@ func TestRemoteSlice(t *testing.T) {
 	assert.ErrorIs(t, err, ErrOutOfRange)
 	_, err = h.Slice(^uint64(0), 2)
 	assert.ErrorIs(t, err, ErrOutOfRange)
+	// An end past 2^64 is not shown wrapped.
+	_, err = h.Slice(1<<63, 1<<63)
+	assert.ErrorContains(t, err, "a slice of 9223372036854775808 bytes at offset 9223372036854775808 of a")
 }
 
 func FuzzUnmarshalBinary(f *testing.F) {

@@ -75,7 +75,7 @@ func (r RemoteBuffer) IsZero() bool { return r.owner == ID{} && len(r.eps) == 0 
 // Slice returns the handle of bytes [off, off+n) of r.
 func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
 	if off > r.n || n > r.n-off {
-		return RemoteBuffer{}, fmt.Errorf("%w: slice [%d, %d) of a %d-byte remote buffer", ErrOutOfRange, off, off+n, r.n)
+		return RemoteBuffer{}, fmt.Errorf("%w: a slice of %d bytes at offset %d of a %d-byte remote buffer", ErrOutOfRange, n, off, r.n)
 	}
 	s := r
 	s.off += off
