@@ -195,8 +195,13 @@ func (e *TimeoutError) Error() string {
 			"and the transfer's %d chunks stay with it until it does",
 			e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Total)
 	}
-	if e.Provider == "memcpy" {
-		return s // a copy within the process: no peer to blame
+	switch {
+	case verb != "timed out":
+		return s // the caller's own cancel: nothing to blame on the peer
+	case e.Provider == "memcpy", e.Provider == "mem", e.Provider == "cma":
+		// This process copies alone (within itself, from its mapping of
+		// the owner's memory, or with process_vm_readv/writev).
+		return s + "; the copy needs nothing of the peer: the deadline was shorter than the copy"
 	}
 	return s + "; the peer may be dead, stopped, unreachable or not progressing its endpoint" + shmNote(e.Provider)
 }

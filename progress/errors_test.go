@@ -33,6 +33,15 @@ func TestTimeoutError(t *testing.T) {
 	assert.True(t, errors.Is(e, context.DeadlineExceeded))
 	e.Cause = context.Canceled
 	assert.Contains(t, e.Error(), "was canceled")
+	assert.NotContains(t, e.Error(), "the peer may be", "a cancel is the caller's")
+
+	// Routes where this process copies alone do not blame the peer.
+	for _, provider := range []string{"mem", "cma"} {
+		e := &TimeoutError{Op: Write, Provider: provider, Peer: "process 42", Bytes: 1 << 20, After: time.Millisecond,
+			Completed: 1, Total: 2, Cause: context.DeadlineExceeded}
+		assert.NotContains(t, e.Error(), "the peer may be", provider)
+		assert.Contains(t, e.Error(), "the deadline was shorter than the copy", provider)
+	}
 }
 
 // TestErrorClasses: the provider's numbers map to the classes of the
