@@ -223,7 +223,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					// what it holds stays until the loop's call returns
 					// and the job ends. The waiter's hold goes now, or
 					// nothing would release the buffer once a wedge
-					// clears.
+					// clears. Its chunks, posted or not, are the loop's:
+					// none is reported as not attempted (they were set
+					// before Submit, and the loop does not write them;
+					// read before the release, after which the xfer may
+					// serve another request).
+					attempted += len(j.Chunks)
 					o.x.Release()
 					var we *progress.WedgedError
 					if errors.As(err, &we) {
