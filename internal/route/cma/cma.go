@@ -197,6 +197,12 @@ func errorOf(op progress.Op, pid int, off, n uint64, err error) error {
 func stillOpen(o *Op, off uint64) error {
 	var gen [8]byte
 	if err := ReadAt(o.Dir, o.PID, o.GenAt, gen[:], uint64(len(o.Local))); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && ce.Errno == unix.EFAULT {
+			// The verified owner's guard table is gone: its manager
+			// closed, and every buffer of it with it.
+			return fmt.Errorf("%s over cma at offset %d of %d bytes: %w (its manager closed)", o.Dir, off, len(o.Local), ErrClosed)
+		}
 		return err
 	}
 	if binary.LittleEndian.Uint64(gen[:]) != o.Gen {

@@ -113,7 +113,6 @@ func TestCopyStopsAtANewGeneration(t *testing.T) {
 	pid := os.Getpid()
 	gen, err := mr.Alloc(8)
 	require.NoError(t, err)
-	defer mr.Free(gen)
 	genAt := uint64(mr.Addr(gen))
 	setGen := func(v uint64) { *mr.Uint64(gen, 0) = v }
 
@@ -138,4 +137,13 @@ func TestCopyStopsAtANewGeneration(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, err, &ce, "unmapped under an open generation")
 	assert.Equal(t, unix.EFAULT, ce.Errno)
+
+	// The owner's manager closed: its guard table is gone too.
+	dest, err := mr.Alloc(2 * chunk)
+	require.NoError(t, err)
+	defer mr.Free(dest)
+	require.NoError(t, mr.Free(gen))
+	o = Op{Dir: progress.Write, PID: pid, Local: local, Remote: uint64(mr.Addr(dest)), GenAt: genAt, Gen: 2}
+	err = Copy(open(), &o)
+	require.ErrorIs(t, err, ErrClosed, "the table's unmapped generation word")
 }
