@@ -260,7 +260,7 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 }
 
 // TestOwnerStopped: a transfer to an owner stopped by SIGSTOP completes
-// where the initiator copies alone (mem, cma) — a write then has
+// where the initiator copies alone (cma; shm on 1.x) — a write then has
 // its bytes in the owner's memory when it returns — and elsewhere ends
 // with a timeout at the manager's deadline, naming the peer (outcomes).
 // Either way, after SIGCONT a new transfer works and no goroutine is left.

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // CMAError is a failed copy on the cma route (process_vm_readv/writev):
@@ -83,6 +85,41 @@ func (m *Manager) cmaCheck(o *opSpec, seen *cmaEntries) error {
 		return err
 	}
 	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
+}
+
+// shmCheckDirect is the handle check of an op on the shm route, done in
+// the calling goroutine when shm itself would read the guard entry with
+// process_vm_readv from this process (libfabric.SingleCopy: libfabric
+// 1.x, the owner reached): the same read of the same entry, without a job
+// through the endpoint's progress loop — on libfabric 1.x a passive loop,
+// so the job cost two goroutine hand-offs, about as much as the op. The
+// check itself is checkEntry, as over shm, and runs before every op: it
+// is what finds a closed or re-registered buffer (a new generation in
+// the owner's table), so no entry is ever taken as known from an earlier
+// op. It reports false, leaving the check to verifyGuards, where that
+// read is not shm's own, and when the read fails or the entry is not in
+// the verified owner's table (its process exited and the pid was reused):
+// the read over shm then fails as it always did.
+func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
+	if !m.shmCopiesItself(o) {
+		return false, nil
+	}
+	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {
+		return true, err // as verifyPeerGuards, before its read
+	}
+	var entry [guardEntrySize]byte
+	if m.readEntry(o, seen, &entry) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
+		return false, nil
+	}
+	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
+}
+
+// shmCopiesItself reports whether shm copies the bytes of op o, on the
+// shm route, with process_vm_readv/writev from this process (libfabric
+// 1.x's single copy, the owner reached): the op then needs no progress of
+// the owner, and no wake (wakeOwner).
+func (m *Manager) shmCopiesItself(o *opSpec) bool {
+	return m.guardDirect && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
 }
 
 // cmaRequest is the cma ops of one request, pooled so that a request of

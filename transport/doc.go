@@ -36,7 +36,8 @@
 // A context already done when a transfer is asked for returns its error
 // before anything moves. A deadline ends a long transfer within the copy
 // of one piece on memcpy, mem and cma (4 MiB) and of one part on shm
-// (32 MiB); tcp;ofi_rxm and efa ops end at the deadline itself.
+// (32 MiB), whose single-copy path copies inside libfabric's post calls;
+// tcp;ofi_rxm and efa ops end at the deadline itself.
 //
 // # Rails
 //

@@ -30,6 +30,14 @@ func HoldEndpoint(m *Manager, release <-chan struct{}) {
 	<-held
 }
 
+// GuardDirect reports whether m's shm handle checks read guard entries
+// with process_vm_readv themselves (shmCheckDirect).
+func GuardDirect(m *Manager) bool { return m.guardDirect }
+
+// GuardOverShm makes m's shm handle checks read guard entries over shm,
+// as where shm does not copy with process_vm_readv itself.
+func GuardOverShm(m *Manager) { m.guardDirect = false }
+
 // LoopsParked reports, by provider, whether the progress loop of each of
 // m's libfabric backends is parked (waiting for work without polling).
 func LoopsParked(m *Manager) map[string]bool {

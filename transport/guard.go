@@ -17,14 +17,13 @@ import (
 	"github.com/fitransfer/fitransfer/progress"
 )
 
-// The shm guard. shm can do RMA with process_vm_readv/writev from the
-// initiator ("fast RMA", smr_fast_rma_enabled in prov/shm/src/smr.h):
-// the owner is not involved and the memory key is never checked, so a
-// stale or altered handle would read or write whatever lies at its
-// address. fitransfer turns that path off (fabric.WithoutShmFastRMA), so
-// the owner copies and checks the key (smr_progress_cmd_rma); but a bad
-// key is dropped there without an answer, and the initiator's op waits
-// until its deadline.
+// The shm guard. libfabric 1.17's shm provider does single-copy RMA with
+// process_vm_readv/writev from the initiator when it can ("fast RMA",
+// smr_fast_rma_enabled in prov/shm/src/smr.h): the owner is not involved
+// and the memory key is never checked, so a stale or altered handle would
+// read or write whatever lies at its address. Where the owner does check
+// (smr_progress_cmd_rma), a bad key is dropped without an answer and the
+// initiator's queue to that peer stays blocked for good.
 //
 // So the owner publishes the state of each of its buffers in a guard
 // table (one 64-byte entry per buffer; registered for remote read on shm),

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
@@ -15,19 +16,33 @@ import (
 )
 
 // TestShmHandleCheck: on shm and cma, every op checks its buffer's guard
-// entry at the owner — read directly with process_vm_readv (cma), or
-// over shm — or, once read,
+// entry at the owner — read directly with process_vm_readv (cma, and shm
+// where shm would copy that way itself), or over shm — or, once read,
 // against the owner's published generation of its slot (entryCache), so a
 // buffer the owner closed, and a handle of the registration that an
 // entry's slot served before, fail with ErrStaleHandle before anything
 // moves, after ops that succeeded on it, and the new handle works.
 func TestShmHandleCheck(t *testing.T) {
 	const n = 4096
-	for _, route := range []string{testenv.RouteSHM, testenv.RouteCMA} {
-		t.Run(route, func(t *testing.T) {
+	for _, mode := range []string{"direct", "over shm", "cma"} {
+		t.Run(mode, func(t *testing.T) {
+			route := testenv.RouteSHM
+			if mode == "cma" {
+				route = testenv.RouteCMA
+			}
 			testenv.RequireRoute(t, route)
 			testenv.RequireRoute(t, testenv.RouteMem) // mem allowed: the generations pages the kept entries rely on
 			m := newManager(t, transport.WithProviders(route))
+			switch ok, _ := transport.CMAAvailable(); {
+			case mode == "over shm":
+				transport.GuardOverShm(m)
+			case mode == "cma":
+			case ok && fabric.RuntimeVersion().Major() == 1 && !fabric.EnvTruthy("FI_SHM_DISABLE_CMA"):
+				require.True(t, transport.GuardDirect(m), "shm copies with process_vm_readv here: its handle checks must too")
+			default:
+				require.False(t, transport.GuardDirect(m))
+				t.Log("shm does not copy with process_vm_readv here: both modes read over shm")
+			}
 			owner := testpeer.Start(t, route)
 			h := owner.Register(n, mr.ReadWrite, 1)
 			mem := alloc(t, n)

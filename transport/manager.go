@@ -56,6 +56,10 @@ type Manager struct {
 	probeBuf    *Buffer
 	probeErr    error
 
+	// guardDirect: shm handle checks read the owner's guard entry with
+	// process_vm_readv themselves where shm would (shmCheckDirect).
+	guardDirect bool
+
 	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
 	closed bool
 	// closing is set, and quit closed, as Close is called, before it
@@ -233,6 +237,9 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		m.railsWake, m.railsStop = make(chan struct{}, 1), make(chan struct{})
 		go m.watchRails()
 	}
+	if ok, _ := cma.Available(); ok && bs.sameNode != nil {
+		m.guardDirect = libfabric.SingleCopy()
+	}
 	if m.cma != nil || bs.sameNode != nil || m.memOn {
 		if m.guard, err = newGuardTable(); err != nil {
 			m.Close()
@@ -280,7 +287,7 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 	if err != nil && !errors.Is(err, fabric.ErrNoData) {
 		return nil, err
 	}
-	if err == nil {
+	if err == nil && fabric.RuntimeVersion().Major() >= 2 {
 		infos = m.replaceProvider(infos, string(fabric.BackendSHM), func() ([]fabric.Info, error) {
 			return fabric.GetInfo(fabric.Query{Hints: fabric.WithoutShmFastRMA(hints(string(fabric.BackendSHM)))})
 		})

@@ -44,9 +44,10 @@ import (
 // connection and writes announceShm on it, and keeps it open as long as
 // the first: shm's completion queue has no wait object that a peer's
 // command wakes, so the owner's shm loop parks while no peer has
-// announced itself, and polls while one has (shm needs the owner's
-// progress for every op: fitransfer turns off its path where the
-// initiator copies alone, fabric.WithoutShmFastRMA). While a peer attends, an idle owner's loop
+// announced itself, and polls while one has (libfabric 1.x's shm needs
+// the owner's progress for a new peer's first op and, where it cannot
+// copy with CMA, for every op; 2.x's, whose single-copy path fitransfer
+// turns off, for every op). While a peer attends, an idle owner's loop
 // polls its endpoint every MaxSleep at most; so that a peer's op after
 // an idle spell does not wait for the next look, the peer writes
 // announceWake on the same connection as the op goes out (wakeOwner),

@@ -169,7 +169,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 			continue
 		}
 		chunks += int((o.remote.n + o.b.Chunk - 1) / o.b.Chunk) // every part's
-		if o.peer != nil {
+		if o.peer != nil && !m.shmCopiesItself(o) {
 			o.peer.wakeOwner(start) // as the op goes out: the owner looks for it from now on
 		}
 		if err := x.Submit(); err != nil {
@@ -499,6 +499,12 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			if ep.guard == nil {
 				return fmt.Errorf("%s: %w: shm endpoint without guard entry", o.op, ErrBadHandle)
 			}
+			if done, err := m.shmCheckDirect(o, &cmaSeen); done {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			c := guardCheck{op: i}
 			if done, err := m.shmCheckKept(o, &c); done {
 				if err != nil {
@@ -631,7 +637,8 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	x.Aim(p, o.op, start, deadline, pid) // x holds p until its job is idle
 	j := x.Job()
 	if o.op == progress.Write {
-		j.Flags = b.WriteFlags(m.cfg.transmitComplete)
+		reaches := o.peer != nil && b.Provider == fabric.BackendSHM && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
+		j.Flags = b.WriteFlags(m.cfg.transmitComplete, o.peer != nil, reaches)
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}
@@ -658,12 +665,12 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 
 // shmPart is the most one shm job of an op covers; a longer op runs as
 // consecutive jobs, and the request's context and deadline are checked
-// between them. When shm copied inside fi_read / fi_write (libfabric
-// 1.x's fast RMA, now off), a progress loop posting a batch of large
-// chunks could not look at the deadline until all of them were copied:
-// a 1 GiB read with a 20 ms deadline returned after 3.6 s. A part bounds
-// the same wait behind the owner's copies, at the cost of one pause in
-// the pipeline per part.
+// between them. libfabric 1.x's shm copies inside fi_read / fi_write on
+// its single-copy path, so a progress loop posting a batch of large
+// chunks cannot look at the deadline until all of them are copied: a
+// 1 GiB read with a 20 ms deadline returned after 3.6 s. A part bounds
+// that, at the cost of one pause in the pipeline per part where the
+// owner copies instead.
 const shmPart = 32 << 20
 
 // nextPart releases the finished job of op o and, when that job was one

@@ -704,14 +704,15 @@ func TestRequestKeepsItsDeadlineOnABusyEndpoint(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
 		route          string
+		setup          func(m *transport.Manager)
 		known          bool // a read before the hold inserted the peer
 		managerTimeout bool // the request's deadline is the manager's timeout, its context has none
 	}{
 		{name: "first op to a tcp peer", route: testenv.RouteTCP},
-		{name: "guard check over shm", route: testenv.RouteSHM},
+		{name: "guard check over shm", route: testenv.RouteSHM, setup: transport.GuardOverShm},
 		{name: "known tcp peer", route: testenv.RouteTCP, known: true},
 		{name: "known tcp peer, manager timeout", route: testenv.RouteTCP, known: true, managerTimeout: true},
-		{name: "known shm peer, manager timeout", route: testenv.RouteSHM, known: true, managerTimeout: true},
+		{name: "known shm peer, manager timeout", route: testenv.RouteSHM, setup: transport.GuardOverShm, known: true, managerTimeout: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testenv.RequireRoute(t, tc.route)
@@ -722,6 +723,9 @@ func TestRequestKeepsItsDeadlineOnABusyEndpoint(t *testing.T) {
 				opts = append(opts, transport.WithTimeout(200*time.Millisecond))
 			}
 			m := newManager(t, opts...)
+			if tc.setup != nil {
+				tc.setup(m)
+			}
 			peer := testpeer.Start(t, tc.route)
 			h := peer.Register(4096, mr.ReadWrite, 1)
 			b := register(t, m, alloc(t, 4096), 0)

@@ -34,8 +34,8 @@ func serveFlags() (*flag.FlagSet, *serveOptions) {
 	fs := flag.NewFlagSet("fitransfer serve", flag.ContinueOnError)
 	o := &serveOptions{}
 	// A server that spins takes a core from clients on the same host, and
-	// needs not: same-node peers wake its shm loop (announceWake), and tcp
-	// wakes its fi_cq_sread on traffic.
+	// needs not: shm's single-copy ops do not involve it, and tcp wakes
+	// its fi_cq_sread on traffic.
 	o.manager.register(fs, "adaptive")
 	fs.StringVar(&o.listen, "listen", net.JoinHostPort("", strconv.Itoa(bootstrap.DefaultPort)), "bootstrap TCP address (host:port; port 0 picks one)")
 	fs.StringVar(&o.size, "size", "64m", "bytes of each session's buffer (largest transfer; pingpong needs twice its size)")

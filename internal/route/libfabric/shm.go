@@ -3,9 +3,49 @@ package libfabric
 import (
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 )
+
+// Writes over shm and the completion level.
+//
+// FI_DELIVERY_COMPLETE routes every shm write through the target's
+// progress (prov/shm/src/smr_rma.c: a write with that flag never takes the
+// single-copy path), so each one waits for the owner to poll. Without it,
+// libfabric 1.x's shm copies with process_vm_writev from the initiator
+// when CMA works between the two processes, and reports the completion
+// after the copy: the bytes are already in the target's memory. So when
+// fitransfer has checked that process_vm_readv reaches the peer — and
+// nothing makes shm's own check differ (FI_SHM_DISABLE_CMA, a yama
+// ptrace_scope that allows only descendants) — it asks for
+// FI_TRANSMIT_COMPLETE and still delivers what WriteFrom promises. For any
+// other peer, and on libfabric 2.x whose shm it has not verified, writes
+// keep FI_DELIVERY_COMPLETE.
+
+var cmaSetting struct {
+	once sync.Once
+	ok   bool
+}
+
+// shmSingleCopyAllowed reports whether this process's settings let shm
+// take its single-copy path the same way fitransfer's own check does.
+func shmSingleCopyAllowed() bool {
+	cmaSetting.once.Do(func() {
+		scope := cma.PtraceScope()
+		cmaSetting.ok = fabric.RuntimeVersion().Major() == 1 &&
+			!fabric.EnvTruthy("FI_SHM_DISABLE_CMA") && (scope == "" || scope == "0")
+	})
+	return cmaSetting.ok
+}
+
+// SingleCopy reports whether this process's shm copies RMA ops itself
+// with process_vm_readv/writev toward a peer that process_vm_readv
+// reaches (libfabric 1.x's single-copy path, see above), the owner not
+// involved: then reading a few bytes of the owner with process_vm_readv
+// is what shm would do for them.
+func SingleCopy() bool { return shmSingleCopyAllowed() }
 
 // ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.
@@ -24,12 +64,17 @@ func ShmPeerPID(name []byte) int {
 }
 
 // WriteFlags is the completion flag of a write: FI_TRANSMIT_COMPLETE when
-// the manager asked for it (transmitComplete), else FI_DELIVERY_COMPLETE.
-// On shm a write then always goes through the owner's progress, which
-// checks the key (fabric.WithoutShmFastRMA turns off the path where the
-// initiator copies alone).
-func (r *Route) WriteFlags(transmitComplete bool) uint64 {
-	if transmitComplete {
+// the manager asked for it (transmitComplete), or on shm when the owner
+// was verified (verified) and process_vm_readv reaches it (reaches: shm's
+// single copy then lands the bytes before it completes, see above);
+// FI_DELIVERY_COMPLETE otherwise.
+func (r *Route) WriteFlags(transmitComplete, verified, reaches bool) uint64 {
+	switch {
+	case transmitComplete:
+		return uint64(fabric.OpTransmitComplete)
+	case r.Provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
+		return uint64(fabric.OpDeliveryComplete)
+	case reaches:
 		return uint64(fabric.OpTransmitComplete)
 	}
 	return uint64(fabric.OpDeliveryComplete)
