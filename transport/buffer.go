@@ -61,8 +61,11 @@ type bufState struct {
 	refs         int  // transfers using the memory
 	closed       bool // no new transfers
 	deregistered bool
-	stuck        int           // refs of transfers whose ops may never complete
-	drained      chan struct{} // a Close waiting for refs to reach stuck
+	// leftErr: deregister's error when a registration stayed on a stuck
+	// endpoint; a later Close returns it too.
+	leftErr error
+	stuck   int           // refs of transfers whose ops may never complete
+	drained chan struct{} // a Close waiting for refs to reach stuck
 }
 
 // Alloc allocates n bytes (mr.Alloc) and registers them with the remote
@@ -243,14 +246,17 @@ func (b *Buffer) Remote() RemoteBuffer {
 // Close waits for them, up to the manager's timeout (WithTimeout). If they
 // are still in flight then, it returns an *InUseError: the registration
 // stays until they end or the manager closes, and the memory must not be
-// freed before Manager.Close returns. Closing twice, or after the manager
-// closed, is a no-op.
+// freed before Manager.Close returns. When a registration stays on an
+// endpoint stuck inside libfabric (ErrEndpointWedged), the memory must
+// not be freed at all; a later Close says so again. Otherwise closing
+// twice, or after the manager closed, is a no-op.
 func (b *Buffer) Close() error {
 	st := b.st
 	st.mu.Lock()
 	if st.closed {
+		err := st.leftErr
 		st.mu.Unlock()
-		return nil
+		return err
 	}
 	st.closed = true
 	idle := st.refs == 0
@@ -394,19 +400,34 @@ func (st *bufState) deregister() error {
 	for _, b := range st.m.backends().all {
 		// st.mrs[i] is read and cleared only on backend i's loop: a
 		// Manager.Close closing the same MR runs there too. A retired
-		// backend's loop is stuck in a call: no Do there.
+		// backend's loop may be stuck in a call: no plain Do there, which
+		// would wait for the wedge.
 		if !b.Retired.Load() && b.Do(func() { st.closeMR(b.Index) }) == nil {
 			continue
 		}
 		if !st.registeredOn(b.Index) {
 			continue
 		}
-		err := b.Wedged()
-		if b.Closing() {
+		var err error
+		switch wedged := b.Wedged(); {
+		case b.Closing():
 			err = b.AwaitStop()
-		}
-		if err == nil && !b.Stopped() {
-			err = fmt.Errorf("%w: the %s endpoint was retired and is not closed", ErrEndpointWedged, b.Provider)
+		case b.Retired.Load() && wedged != nil:
+			// Retired for good inside a call that does not return (1.x's
+			// shm spinning on a dead peer's region lock): nothing of
+			// that endpoint runs again, and its MR goes with the process.
+			continue
+		case b.Retired.Load():
+			// Retired, and its calls return (2.x's stalled command queue,
+			// or a replacement for another cause): close the MR there.
+			if b.DoBy(context.Background(), time.Now().Add(retiredWait), func() { st.closeMR(b.Index) }) == nil {
+				continue
+			}
+			err = fmt.Errorf("%w: the %s endpoint was retired, and a call of its had not returned after %v", ErrEndpointWedged, b.Provider, retiredWait)
+		case wedged != nil:
+			err = wedged
+		default:
+			err = fmt.Errorf("%w: the %s endpoint refused the deregistration", ErrEndpointWedged, b.Provider)
 		}
 		if err != nil {
 			left = append(left, err)
@@ -422,13 +443,21 @@ func (st *bufState) deregister() error {
 		// endpoint's close closes the MR.
 		st.m.log.Error().Uint64("buffer", st.id).Errs("endpoints", left).
 			Msg("buffer's registration left on an endpoint stuck inside libfabric; its memory stays")
-		return fmt.Errorf("buffer %d: its registration stays on an endpoint stuck inside libfabric, so do not free or reuse the memory (a Manager.Alloc buffer's is kept): %w",
+		err := fmt.Errorf("buffer %d: its registration stays on an endpoint stuck inside libfabric, so do not free or reuse the memory (a Manager.Alloc buffer's is kept): %w",
 			st.id, errors.Join(left...))
+		st.mu.Lock()
+		st.leftErr = err
+		st.mu.Unlock()
+		return err
 	}
 	st.leaveClosing()
 	st.freeOwned()
 	return nil
 }
+
+// retiredWait bounds deregister's wait for a retired endpoint whose calls
+// return: it is idle or between short calls.
+const retiredWait = time.Second
 
 // leaveClosing takes the buffer off the manager's closingBufs once its
 // registrations are closed.

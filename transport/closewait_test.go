@@ -112,3 +112,34 @@ func TestCloseFailsTransfersWithErrClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAfterShmReplacement: a buffer registered before its manager's
+// shm endpoint was retired and replaced closes its registration on the
+// retired endpoint when that endpoint's calls return (Close is nil, the
+// memory is freed); when a call there has not returned, Close says the
+// registration stays (ErrEndpointWedged), and says it again when called
+// again: nil would tell the caller to free the memory.
+func TestCloseAfterShmReplacement(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	t.Run("retired endpoint idle", func(t *testing.T) {
+		m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+		b, err := m.Alloc(4096, mr.ReadWrite)
+		require.NoError(t, err)
+		require.NoError(t, transport.ReplaceSameNode(m))
+		require.NoError(t, b.Close())
+		require.NoError(t, b.Close())
+	})
+	t.Run("retired endpoint in a call", func(t *testing.T) {
+		m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+		b, err := m.Alloc(4096, mr.ReadWrite)
+		require.NoError(t, err)
+		release := make(chan struct{})
+		defer close(release)
+		transport.HoldEndpoint(m, release)
+		require.NoError(t, transport.ReplaceSameNode(m))
+		err = b.Close()
+		require.ErrorIs(t, err, transport.ErrEndpointWedged)
+		assert.Contains(t, err.Error(), "do not free or reuse the memory")
+		assert.Equal(t, err, b.Close(), "a second Close says the same")
+	})
+}
