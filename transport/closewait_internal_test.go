@@ -103,3 +103,42 @@ func TestCloseRacingManagerClose(t *testing.T) {
 		})
 	}
 }
+
+// TestManagerCloseLetsBufferCloseWait: a Buffer.Close waiting for a
+// peer's copy on the mem route when Manager.Close runs goes on waiting,
+// to its deadline: Manager.Close releasing the peers' pages must not
+// make the copy look done, or Close would return nil with the copy still
+// writing the memory.
+func TestManagerCloseLetsBufferCloseWait(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	const timeout = time.Second
+	m, err := New(context.Background(), WithProviders(mem.Name), WithTimeout(timeout))
+	require.NoError(t, err)
+	b, err := m.Alloc(4096, mr.ReadWrite)
+	require.NoError(t, err)
+	st := b.st
+	page, err := mr.Alloc(useSlots * 4)
+	require.NoError(t, err)
+	peer := &memPeer{pid: os.Getpid(), pidfd: -1, page: page, uses: mem.UsesOf(page)}
+	m.memPeers.mu.Lock()
+	m.memPeers.list = append(m.memPeers.list, peer)
+	m.memPeers.mu.Unlock()
+	peer.uses.Mark(st.guard) // a copy that does not end
+
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	require.Eventually(t, func() bool {
+		m.memPeers.mu.Lock()
+		defer m.memPeers.mu.Unlock()
+		return m.memPeers.waiting > 0
+	}, 10*time.Second, time.Millisecond, "Buffer.Close waits for the peer")
+	require.NoError(t, m.Close())
+	select {
+	case err := <-closed:
+		var inUse *InUseError
+		require.ErrorAs(t, err, &inUse, "the copy had not ended")
+		assert.Equal(t, []int{os.Getpid()}, inUse.Peers)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Buffer.Close did not return")
+	}
+}

@@ -117,6 +117,11 @@ type memPeers struct {
 	mu    sync.Mutex
 	list  []*memPeer
 	ended []*memPeer // connection over, a mark left by a live process
+	// waiting counts the waits under way (a Buffer.Close's); close lets
+	// them end (each by its deadline) before it releases the peers'
+	// pages, whose marks they read. idle signals their end.
+	waiting int
+	idle    *sync.Cond
 }
 
 // serveMem answers the mem requests of a verified peer, process pid, on
@@ -314,7 +319,15 @@ func (ps *memPeers) wait(slot uint32, deadline time.Time) []int {
 	ps.mu.Lock()
 	ps.prune()
 	list := append(append([]*memPeer(nil), ps.list...), ps.ended...)
+	ps.waiting++
 	ps.mu.Unlock()
+	defer func() {
+		ps.mu.Lock()
+		if ps.waiting--; ps.waiting == 0 && ps.idle != nil {
+			ps.idle.Broadcast()
+		}
+		ps.mu.Unlock()
+	}()
 	var busy []int
 	for _, p := range list {
 		for pause := time.Microsecond; p.busy(slot); pause = min(2*pause, time.Millisecond) {
@@ -328,9 +341,16 @@ func (ps *memPeers) wait(slot uint32, deadline time.Time) []int {
 	return busy
 }
 
-// close releases every peer's page; the verifier is closed.
+// close lets the waits under way end, then releases every peer's page;
+// the verifier is closed.
 func (ps *memPeers) close() {
 	ps.mu.Lock()
+	if ps.idle == nil {
+		ps.idle = sync.NewCond(&ps.mu)
+	}
+	for ps.waiting > 0 {
+		ps.idle.Wait() // a Buffer.Close still waits for a peer's copy
+	}
 	list := append(ps.list, ps.ended...)
 	ps.list, ps.ended = nil, nil
 	ps.mu.Unlock()
