@@ -120,8 +120,7 @@ func Listen(m *transport.Manager, addr string, cfg ServerConfig, logf, infof fun
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		_ = shared.Close()
-		_ = mr.Free(mem)
+		_ = release(shared, mem)
 		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
 	}
 	return &Server{m: m, ln: ln, cfg: cfg, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: cfg.Idle,

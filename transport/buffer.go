@@ -81,7 +81,9 @@ func (m *Manager) Alloc(n int, access mr.Access) (*Buffer, error) {
 	}
 	b, err := m.Register(mem, access)
 	if err != nil {
-		_ = mr.Free(mem)
+		if !errors.Is(err, ErrEndpointWedged) { // else a registration may stay: the memory too
+			_ = mr.Free(mem)
+		}
 		return nil, err
 	}
 	b.st.mu.Lock()
@@ -153,8 +155,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 		var err error
 		st.mrs[b.Index], err = b.Register(mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})
 		if err != nil {
-			_ = st.deregister()
-			return nil, b, err
+			return nil, b, errors.Join(err, st.deregister())
 		}
 		st.eps = append(st.eps, remoteEP{provider: b.Name(), rail: uint8(b.Rail), name: b.EndpointName(), key: st.mrs[b.Index].Key(),
 			base: mr.RemoteAddr(b.VirtAddr, base, 0)})
@@ -167,8 +168,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 		cmaKey := mr.RandomKey(8)
 		slot, gen, err := g.publish(st.id, uint64(base), st.size, shmKey, cmaKey, access)
 		if err != nil {
-			_ = st.deregister()
-			return nil, nil, err
+			return nil, nil, errors.Join(err, st.deregister())
 		}
 		st.guard, st.hasGrd = slot, true
 		for i := range st.eps {
@@ -191,13 +191,13 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	}
 	if len(st.eps) == 0 && access != 0 { // a buffer without remote access needs no route
 		st.revokeGuard(time.Now())
-		_ = st.deregister()
+		derr := st.deregister()
 		why := "none of its routes can share it"
 		if m.memOn && st.iface == mr.Host && !access.Allows(mr.RemoteRead) {
 			why = "the mem route shares only memory peers may read (a mapping reads what it writes)"
 		}
-		return nil, nil, fmt.Errorf("%w: this manager has no route peers could reach the buffer by: %s; open it with cma or shm as well",
-			ErrNoRoute, why)
+		return nil, nil, errors.Join(fmt.Errorf("%w: this manager has no route peers could reach the buffer by: %s; open it with cma or shm as well",
+			ErrNoRoute, why), derr)
 	}
 	m.bufsMu.Lock()
 	m.bufs[st.id] = st
