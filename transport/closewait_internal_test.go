@@ -29,14 +29,7 @@ func TestCloseWaitsOneTimeout(t *testing.T) {
 	st := b.st
 	require.True(t, st.shared && st.hasGrd, "a shared buffer with a guard entry")
 
-	// A peer in a copy of the buffer (its use mark), as serveMem keeps it.
-	page, err := mr.Alloc(useSlots * 4)
-	require.NoError(t, err)
-	peer := &memPeer{pid: os.Getpid(), pidfd: -1, page: page, uses: mem.UsesOf(page)}
-	m.memPeers.mu.Lock()
-	m.memPeers.list = append(m.memPeers.list, peer)
-	m.memPeers.mu.Unlock()
-	peer.uses.Mark(st.guard)
+	peer := copyingPeer(t, m, st)
 	st.hold() // and a transfer of this process that does not end
 
 	// The peer's copy ends late in the wait.
@@ -116,14 +109,7 @@ func TestManagerCloseLetsBufferCloseWait(t *testing.T) {
 	require.NoError(t, err)
 	b, err := m.Alloc(4096, mr.ReadWrite)
 	require.NoError(t, err)
-	st := b.st
-	page, err := mr.Alloc(useSlots * 4)
-	require.NoError(t, err)
-	peer := &memPeer{pid: os.Getpid(), pidfd: -1, page: page, uses: mem.UsesOf(page)}
-	m.memPeers.mu.Lock()
-	m.memPeers.list = append(m.memPeers.list, peer)
-	m.memPeers.mu.Unlock()
-	peer.uses.Mark(st.guard) // a copy that does not end
+	copyingPeer(t, m, b.st) // a copy that does not end
 
 	closed := make(chan error, 1)
 	go func() { closed <- b.Close() }()
@@ -141,4 +127,18 @@ func TestManagerCloseLetsBufferCloseWait(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Buffer.Close did not return")
 	}
+}
+
+// copyingPeer adds to m a mem peer (this process) in a copy of st's
+// buffer: its use mark, as serveMem keeps it.
+func copyingPeer(t *testing.T, m *Manager, st *bufState) *memPeer {
+	t.Helper()
+	page, err := mr.Alloc(useSlots * 4)
+	require.NoError(t, err)
+	peer := &memPeer{pid: os.Getpid(), pidfd: -1, page: page, uses: mem.UsesOf(page)}
+	m.memPeers.mu.Lock()
+	m.memPeers.list = append(m.memPeers.list, peer)
+	m.memPeers.mu.Unlock()
+	peer.uses.Mark(st.guard)
+	return peer
 }
