@@ -365,17 +365,15 @@ func (st *bufState) Unref() {
 }
 
 // revokeGuard invalidates the buffer's guard entry, then waits, until
-// deadline, for the ops peers run on the mem route that began before: it
-// returns the processes still in one then (their slot stays taken).
+// deadline, for the ops that peers with a use page (mem, and cma where
+// the peer's mem link is up) began before: it returns the processes still
+// in one then (their slot stays taken).
 func (st *bufState) revokeGuard(deadline time.Time) []int {
 	if !st.hasGrd {
 		return nil
 	}
 	st.m.guard.revoke(st.guard)
-	var busy []int
-	if st.shared {
-		busy = st.m.memPeers.wait(st.guard, deadline)
-	}
+	busy := st.m.memPeers.wait(st.guard, deadline)
 	if busy == nil {
 		st.m.guard.release(st.guard)
 	}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -41,9 +43,9 @@ type cmaEntries struct {
 // readEntry reads into entry the guard entry of op o's buffer from its
 // owner's table with process_vm_readv, at the address the verified owner
 // gave — or takes it from seen, when this request already read it, or
-// from the mem link's cache, when the owner still publishes the
+// from link's cache (nil: none), when the owner still publishes the
 // generation it was read at (entryCache).
-func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte) error {
+func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]byte, link *memLink) error {
 	pid := o.peer.pid
 	slot := o.ep.guard.slot
 	addr := o.peer.cma.table + uint64(slot)*guardEntrySize
@@ -53,11 +55,7 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 			return nil
 		}
 	}
-	link := m.checksLink(o) // without one, every op reads the entry
-	if link != nil {
-		defer link.drop()
-	}
-	switch {
+	switch { // without a link, every op reads the entry
 	case link != nil && link.lookup(slot, entry):
 	case link != nil:
 		if err := link.readEntryVia(o, slot, addr, entry); err != nil {
@@ -79,9 +77,14 @@ func (m *Manager) readEntry(o *opSpec, seen *cmaEntries, entry *[guardEntrySize]
 // cmaCheck reads the buffer's guard entry from its owner (or takes it from
 // seen, when this request already read it) and checks the handle and the
 // op against it.
+//
+// The op keeps the mem link to the owner, when one is up, in o.link: its
+// use page is where runCMA marks the copy, so that the owner's Close
+// waits for it.
 func (m *Manager) cmaCheck(o *opSpec, seen *cmaEntries) error {
+	o.link = m.checksLink(o) // releaseOps drops it
 	var entry [guardEntrySize]byte
-	if err := m.readEntry(o, seen, &entry); err != nil {
+	if err := m.readEntry(o, seen, &entry, o.link); err != nil {
 		return err
 	}
 	return checkEntry(entry[:], &o.remote, o.ep, need(o.op), true) // process_vm_* takes virtual addresses
@@ -107,8 +110,12 @@ func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
 	if err := o.b.BlockedOrGone(progress.Read, o.ep.name); err != nil {
 		return true, err // as verifyPeerGuards, before its read
 	}
+	link := m.checksLink(o)
+	if link != nil {
+		defer link.drop()
+	}
 	var entry [guardEntrySize]byte
-	if m.readEntry(o, seen, &entry) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
+	if m.readEntry(o, seen, &entry, link) != nil || binary.LittleEndian.Uint64(entry[8*gwTable:]) != o.peer.cma.key {
 		return false, nil
 	}
 	return true, checkEntry(entry[:], &o.remote, o.ep, need(o.op), o.b.VirtAddr)
@@ -122,18 +129,59 @@ func (m *Manager) shmCopiesItself(o *opSpec) bool {
 	return m.guardDirect && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
 }
 
+// markSingleCopy marks the part of op o that x carries in the owner's
+// use page, when the mem link to the owner is up, on libfabric 1.x's
+// single-copy shm path: there this process copies inside fi_read and
+// fi_write, and the owner's provider checks no key, so a Close of the
+// owner would not stop the part's chunks. Marked first, then the
+// generation looked at, as runCMA does; x keeps the mark until the loop
+// is done with its job too (its last release). Without a link the part
+// runs unmarked, checked only before the op (shmCheckDirect).
+func (m *Manager) markSingleCopy(x *libfabric.Xfer, o *opSpec) error {
+	l := m.checksLink(o)
+	if l == nil {
+		return nil
+	}
+	slot := o.ep.guard.slot
+	l.uses.Mark(slot)
+	switch {
+	case l.done.Load():
+		l.EndUse(slot) // the owner may no longer count this page
+		return nil
+	case atomic.LoadUint64(l.genWord(slot)) != o.ep.guard.gen:
+		l.EndUse(slot)
+		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
+	}
+	x.HoldUse(l, slot)
+	return nil
+}
+
+// EndUse ends a mark in l's use page and the hold that came with it
+// (checksLink): a libfabric.Use.
+func (l *memLink) EndUse(slot uint32) {
+	l.uses.Leave(slot)
+	l.drop()
+}
+
 // cmaRequest is the cma ops of one request, pooled so that a request of
 // small ops allocates nothing.
 type cmaRequest struct {
-	ops  []cma.Op
-	errs []error
-	at   []int // the request's index of each op
+	ops    []cma.Op
+	errs   []error
+	at     []int // the request's index of each op
+	marked []int // the request's ops marked in their link's use page
 }
 
 var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
 
 // runCMA runs the request's ops on the cma route and appends their errors
 // to errs; it returns errs and how many ops failed.
+//
+// An op whose owner's mem link is up (o.link) is marked in that link's
+// use page while it copies, as a mem op is (memCopy): marked first, then
+// the generation looked at, so that either the op sees the buffer
+// closed, or the owner's Close sees the mark and waits for the copy to
+// end. Without a link, a Close stops the copy only between pieces.
 func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	if !slices.ContainsFunc(ops, func(o opSpec) bool { return o.kind == route.CMA }) {
 		return errs, 0 // no pooled request to take and give back
@@ -142,27 +190,49 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	defer func() {
 		clear(rq.ops)
 		clear(rq.errs)
-		rq.ops, rq.errs, rq.at = rq.ops[:0], rq.errs[:0], rq.at[:0]
+		rq.ops, rq.errs, rq.at, rq.marked = rq.ops[:0], rq.errs[:0], rq.at[:0], rq.marked[:0]
 		cmaRequests.Put(rq)
 	}()
+	failed := 0
 	for i := range ops {
 		o := &ops[i]
 		if o.kind != route.CMA {
 			continue
 		}
-		rq.ops = append(rq.ops, cma.Op{Dir: o.op, PID: o.peer.pid,
+		slot := o.ep.guard.slot
+		c := cma.Op{Dir: o.op, PID: o.peer.pid,
 			Local:  o.local.st.mem[o.local.off : o.local.off+o.remote.n], // host memory: prepare routed device memory elsewhere
 			Remote: o.ep.base + o.remote.off,
 			// The entry's generation, in the verified owner's table: what
 			// its Close changes first (guardTable.revoke).
-			GenAt: o.peer.cma.table + uint64(o.ep.guard.slot)*guardEntrySize + 8*gwGen, Gen: o.ep.guard.gen})
+			GenAt: o.peer.cma.table + uint64(slot)*guardEntrySize + 8*gwGen, Gen: o.ep.guard.gen}
+		if l := o.link; l != nil {
+			l.uses.Mark(slot)
+			switch {
+			case l.done.Load():
+				// The owner may no longer count this page: the copy runs
+				// as without a link.
+				l.uses.Leave(slot)
+			case atomic.LoadUint64(l.genWord(slot)) != c.Gen:
+				l.uses.Leave(slot)
+				errs = append(errs, fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id))
+				failed++
+				continue
+			default:
+				c.GenWord = l.genWord(slot)
+				rq.marked = append(rq.marked, i)
+			}
+		}
+		rq.ops = append(rq.ops, c)
 		rq.errs = append(rq.errs, nil)
 		rq.at = append(rq.at, i)
 	}
-	if len(rq.ops) == 0 {
-		return errs, 0
+	if len(rq.ops) > 0 {
+		failed += cma.Run(lim, rq.ops, rq.errs)
 	}
-	failed := cma.Run(lim, rq.ops, rq.errs)
+	for _, i := range rq.marked {
+		ops[i].link.uses.Leave(ops[i].ep.guard.slot)
+	}
 	for k, err := range rq.errs {
 		if errors.Is(err, cma.ErrClosed) {
 			err = fmt.Errorf("%w: buffer %d was closed by its owner during the copy: %w", ErrStaleHandle, ops[rq.at[k]].remote.id, err)

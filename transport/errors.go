@@ -172,14 +172,14 @@ type InUseError struct {
 	Transfers int
 	Stuck     int
 	// Peers are the processes that still copied with the memory, on the
-	// mem route, when Close stopped waiting for them.
+	// mem or cma route, when Close stopped waiting for them.
 	Peers  []int
 	Waited time.Duration
 }
 
 func (e *InUseError) Error() string {
 	if len(e.Peers) > 0 {
-		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (the mem route); "+
+		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (the mem or cma route); "+
 			"a peer may still write it: do not reuse it (freeing it is safe; a Manager.Alloc buffer's is kept)", e.Buffer, e.Peers, e.Waited)
 	}
 	why := fmt.Sprintf("still have ops in flight after %v", e.Waited)

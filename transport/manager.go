@@ -464,6 +464,21 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
+	// Where this process copies (cma, and libfabric 1.x's single-copy
+	// shm), whether the owner's Close waits for the copies (runCMA,
+	// markSingleCopy).
+	singleCopy := rt.kind == route.Fabric && rt.peer != nil && b.Provider == fabric.BackendSHM &&
+		m.guardDirect && m.reach.Reaches(rt.peer.pid, rt.peer.cma.table)
+	if (rt.kind == route.CMA || singleCopy) && m.linkOn {
+		switch {
+		case rt.peer.linkForChecks() != nil:
+			reason += "; its Close waits for these copies (use page mapped)"
+		case singleCopy:
+			reason += "; its Close does not stop a copy under way (no use page mapped)"
+		default:
+			reason += "; its Close stops these copies only between 4 MiB pieces (no use page mapped)"
+		}
+	}
 	if rt.kind == route.CMA || rt.kind == route.Mem {
 		return Route{Backend: ep.provider, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
 	}

@@ -88,6 +88,7 @@ type reply struct {
 	Data   []byte `json:"data,omitempty"`
 	Pid    int    `json:"pid,omitempty"`
 	Count  int64  `json:"count,omitempty"`
+	Route  string `json:"route,omitempty"`
 	Err    string `json:"err,omitempty"`
 }
 
@@ -145,7 +146,7 @@ func child(in io.Reader, out io.Writer) int {
 		var rep reply
 		var after func() // runs once the answer is out
 		var err error    // this command's
-		if req.Cmd != "register" && req.Cmd != "exit" && (req.Buf < 0 || req.Buf >= len(bufs)) {
+		if req.Cmd != "register" && req.Cmd != "exit" && req.Cmd != "route" && (req.Buf < 0 || req.Buf >= len(bufs)) {
 			rep.Err = fmt.Sprintf("no buffer %d", req.Buf)
 			_ = enc.Encode(rep)
 			continue
@@ -194,6 +195,15 @@ func child(in io.Reader, out io.Writer) int {
 						looped.Add(1)
 					}
 				}()
+			}
+		case "route":
+			var h transport.RemoteBuffer
+			if err = h.UnmarshalBinary(req.Handle); err != nil {
+				break
+			}
+			var rt transport.Route
+			if rt, err = m.Route(h); err == nil {
+				rep.Route = rt.Backend + ": " + rt.Reason
 			}
 		case "looped":
 			rep.Count = looped.Load()
@@ -458,6 +468,16 @@ func (p *Peer) Transfer(op string, buf int, h transport.RemoteBuffer) error {
 	}
 	_, err = p.read()
 	return err
+}
+
+// Route is the child's Route toward h: its backend and reason.
+func (p *Peer) Route(h transport.RemoteBuffer) string {
+	p.t.Helper()
+	hb, err := h.MarshalBinary()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return p.do(request{Cmd: "route", Handle: hb}).Route
 }
 
 // WaitTransfers waits until the child's Loop transfers completed n times.

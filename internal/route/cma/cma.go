@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -195,6 +196,12 @@ func errorOf(op progress.Op, pid int, off, n uint64, err error) error {
 // stillOpen reads the owner's generation word of o's buffer: ErrClosed
 // when it changed, so that a Close stops the copy within a piece.
 func stillOpen(o *Op, off uint64) error {
+	if o.GenWord != nil {
+		if atomic.LoadUint64(o.GenWord) != o.Gen {
+			return fmt.Errorf("%s over cma at offset %d of %d bytes: %w", o.Dir, off, len(o.Local), ErrClosed)
+		}
+		return nil
+	}
 	var gen [8]byte
 	if err := ReadAt(o.Dir, o.PID, o.GenAt, gen[:], uint64(len(o.Local))); err != nil {
 		var ce *Error
@@ -228,14 +235,17 @@ func ReadAt(op progress.Op, pid int, addr uint64, buf []byte, n uint64) error {
 // Op is one copy: Local's bytes to or from Remote in process PID. A copy
 // of more than one piece reads the owner's word at GenAt (when not 0)
 // before each later piece and stops with ErrClosed when it is no longer
-// Gen: the owner closed the buffer meanwhile.
+// Gen: the owner closed the buffer meanwhile. GenWord, when set, is that
+// word as mapped from the owner (a mem link's generations page): loaded
+// instead of read with a system call.
 type Op struct {
-	Dir    progress.Op
-	PID    int
-	Local  []byte
-	Remote uint64
-	GenAt  uint64
-	Gen    uint64
+	Dir     progress.Op
+	PID     int
+	Local   []byte
+	Remote  uint64
+	GenAt   uint64
+	Gen     uint64
+	GenWord *uint64
 }
 
 // ErrClosed is a copy that the owner's Close stopped between pieces.
@@ -327,7 +337,7 @@ func Copy(lim route.Limit, o *Op) error {
 		if err := lim.Err(); err != nil {
 			return lim.Timeout(o.Dir, Name, Peer(o.PID), size, off, chunk, err)
 		}
-		if off > 0 && o.GenAt != 0 {
+		if off > 0 && (o.GenAt != 0 || o.GenWord != nil) {
 			if err := stillOpen(o, off); err != nil {
 				return err
 			}
@@ -348,7 +358,7 @@ func Copy(lim route.Limit, o *Op) error {
 		if err != nil {
 			// The owner's Close unmaps a Manager.Alloc buffer: EFAULT
 			// then means closed, not freed while registered.
-			if o.GenAt != 0 && !errors.Is(err, unix.ESRCH) {
+			if (o.GenAt != 0 || o.GenWord != nil) && !errors.Is(err, unix.ESRCH) {
 				if cerr := stillOpen(o, off); errors.Is(cerr, ErrClosed) {
 					return cerr
 				}

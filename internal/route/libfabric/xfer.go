@@ -19,6 +19,14 @@ type Holder interface {
 	AddStuck(delta int)
 }
 
+// Use is a mark an Xfer keeps for the transport until its last release:
+// a peer's use of the owner's buffer (the owner's use page), which the
+// owner's Close waits for. It must outlive every call the loop makes for
+// the job, not only the waiter.
+type Use interface {
+	EndUse(slot uint32)
+}
+
 // Xfer is a job in flight on a route and what it holds: a reference on
 // its local buffer, the peer address it posts to, and for handle checks
 // scratch slots. Both the waiter and the loop (when no chunk is in flight
@@ -36,6 +44,8 @@ type Xfer struct {
 	dead    bool  // shm: abandoned with ops in flight to a dead peer
 	stuck   bool  // shm: ended with ops in flight that may never complete
 	probe   probe // tcp: the stall watch
+	use     Use   // HoldUse's, ended at the last release
+	useSlot uint32
 }
 
 var xferPool = sync.Pool{New: func() any {
@@ -53,6 +63,9 @@ func (r *Route) NewXfer(local Holder) *Xfer {
 	x.refs.Store(1) // the waiter's; Submit adds the loop's
 	return x
 }
+
+// HoldUse makes the Xfer end u (u.EndUse(slot)) at its last release.
+func (x *Xfer) HoldUse(u Use, slot uint32) { x.use, x.useSlot = u, slot }
 
 // Job is the Xfer's job: its chunks before Submit, its outcome after.
 func (x *Xfer) Job() *progress.Job { return x.job }
@@ -112,6 +125,10 @@ func (x *Xfer) Release() {
 	if x.peer != nil {
 		x.peer.Done()
 		x.peer = nil
+	}
+	if x.use != nil {
+		x.use.EndUse(x.useSlot)
+		x.use = nil
 	}
 	x.r, x.local, x.scratch, x.pid, x.dead, x.stuck = nil, nil, x.scratch[:0], 0, false, false
 	x.probe.name, x.probe.drop = nil, nil
