@@ -660,7 +660,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 			Remote: remote + off, Key: o.ep.key, Offset: off})
 	}
 	o.sent = end
-	if m.shmCopiesItself(o) {
+	if b.Provider == fabric.BackendSHM && o.peer != nil && m.shmCopiesItself(o) {
 		return m.markSingleCopy(x, o)
 	}
 	return nil
