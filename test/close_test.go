@@ -291,3 +291,43 @@ func TestCloseStopsCMAPeersOfAllocBuffers(t *testing.T) {
 		t.Logf("peer: %v", err)
 	}
 }
+
+// TestCloseWaitsOnlyForItsOwnCopies: a request of two cma ops, a small
+// write to one owner's buffer, then a long read from another owner. The
+// first owner closes its buffer while the read copies: its Close waits
+// for the write's copy only, not for the rest of the request, so it
+// returns while the read is still under way. (Marks held until the end
+// of the request made that Close wait for the read.)
+func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteCMA)
+	const size = 256 << 20 // 64 pieces: tens of milliseconds of copying
+	p := testpeer.Start(t, testenv.RouteCMA)
+	q := testpeer.Start(t, testenv.RouteCMA)
+	small := p.Register(4096, mr.RemoteWrite, 1)
+	big := q.Register(size, mr.RemoteRead, 77)
+	m := newManager(t, transport.WithProviders(testenv.RouteCMA))
+	for _, h := range []transport.RemoteBuffer{small, big} {
+		var reason string
+		require.Eventually(t, func() bool {
+			r, err := m.Route(h)
+			reason = r.Reason
+			return err == nil && strings.Contains(r.Reason, "its Close waits for these copies")
+		}, 30*time.Second, time.Millisecond, "the route never said that the owner's Close waits for the copies: %s", reason)
+	}
+	src, _ := register(t, m, 4096, 0)
+	dst, mem := register(t, m, size, 0)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.NewAction().WriteFrom(small, src).ReadInto(dst, big).Submit(context.Background())
+	}()
+	require.Eventually(t, func() bool { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != 0 },
+		30*time.Second, 10*time.Microsecond, "the read did not begin")
+	p.CloseBuf(0)
+	select {
+	case err := <-done:
+		t.Fatalf("the request ended (%v) before the first owner's Close returned: that Close waited for the read", err)
+	default:
+	}
+	require.NoError(t, <-done)
+	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 77)), testpeer.Sum(mem))
+}

@@ -166,10 +166,9 @@ func (l *memLink) EndUse(slot uint32) {
 // cmaRequest is the cma ops of one request, pooled so that a request of
 // small ops allocates nothing.
 type cmaRequest struct {
-	ops    []cma.Op
-	errs   []error
-	at     []int // the request's index of each op
-	marked []int // the request's ops marked in their link's use page
+	ops  []cma.Op
+	errs []error
+	at   []int // the request's index of each op
 }
 
 var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
@@ -178,10 +177,11 @@ var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
 // to errs; it returns errs and how many ops failed.
 //
 // An op whose owner's mem link is up (o.link) is marked in that link's
-// use page while it copies, as a mem op is (memCopy): marked first, then
-// the generation looked at, so that either the op sees the buffer
-// closed, or the owner's Close sees the mark and waits for the copy to
-// end. Without a link, a Close stops the copy only between pieces.
+// use page while it copies (cma.Mark), as a mem op is (memCopy): marked
+// first, then the generation looked at, so that either the op sees the
+// buffer closed, or the owner's Close sees the mark and waits for the
+// copy to end. Without a link, a Close stops the copy only between
+// pieces.
 func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	if !slices.ContainsFunc(ops, func(o opSpec) bool { return o.kind == route.CMA }) {
 		return errs, 0 // no pooled request to take and give back
@@ -190,10 +190,9 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	defer func() {
 		clear(rq.ops)
 		clear(rq.errs)
-		rq.ops, rq.errs, rq.at, rq.marked = rq.ops[:0], rq.errs[:0], rq.at[:0], rq.marked[:0]
+		rq.ops, rq.errs, rq.at = rq.ops[:0], rq.errs[:0], rq.at[:0]
 		cmaRequests.Put(rq)
 	}()
-	failed := 0
 	for i := range ops {
 		o := &ops[i]
 		if o.kind != route.CMA {
@@ -206,36 +205,18 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 			// The entry's generation, in the verified owner's table: what
 			// its Close changes first (guardTable.revoke).
 			GenAt: o.peer.cma.table + uint64(slot)*guardEntrySize + 8*gwGen, Gen: o.ep.guard.gen}
-		if l := o.link; l != nil {
-			l.uses.Mark(slot)
-			switch {
-			case l.done.Load():
-				// The owner may no longer count this page: the copy runs
-				// as without a link.
-				l.uses.Leave(slot)
-			case atomic.LoadUint64(l.genWord(slot)) != c.Gen:
-				l.uses.Leave(slot)
-				errs = append(errs, fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id))
-				failed++
-				continue
-			default:
-				c.GenWord = l.genWord(slot)
-				rq.marked = append(rq.marked, i)
-			}
+		if l := o.link; l != nil { // checksLink bounded the slot
+			c.GenWord = l.genWord(slot)
+			c.Mark = cma.Mark{Use: &l.uses[slot], Ended: &l.done}
 		}
 		rq.ops = append(rq.ops, c)
 		rq.errs = append(rq.errs, nil)
 		rq.at = append(rq.at, i)
 	}
-	if len(rq.ops) > 0 {
-		failed += cma.Run(lim, rq.ops, rq.errs)
-	}
-	for _, i := range rq.marked {
-		ops[i].link.uses.Leave(ops[i].ep.guard.slot)
-	}
+	failed := cma.Run(lim, rq.ops, rq.errs)
 	for k, err := range rq.errs {
 		if errors.Is(err, cma.ErrClosed) {
-			err = fmt.Errorf("%w: buffer %d was closed by its owner during the copy: %w", ErrStaleHandle, ops[rq.at[k]].remote.id, err)
+			err = fmt.Errorf("%w: buffer %d was closed by its owner: %w", ErrStaleHandle, ops[rq.at[k]].remote.id, err)
 		}
 		if err != nil {
 			errs = append(errs, err)

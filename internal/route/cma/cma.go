@@ -246,6 +246,46 @@ type Op struct {
 	GenAt   uint64
 	Gen     uint64
 	GenWord *uint64
+	Mark    Mark
+	marked  bool
+}
+
+// Mark is where an op marks itself while it copies, so that the owner's
+// Close waits for it: the counter of the buffer's slot in this process's
+// use page at the owner (a mem link's), and whether that link ended (the
+// owner may no longer count the page: the op then copies unmarked). An op
+// with a Mark has a GenWord. The op marks, then loads the generation;
+// the owner's Close changes the generation, then reads the marks: one of
+// them sees the other.
+type Mark struct {
+	Use   *uint32
+	Ended *atomic.Bool
+}
+
+// begin marks o (when it has a Mark) and checks that its buffer is still
+// open: ErrClosed when the owner closed it before the copy.
+func begin(o *Op) error {
+	if o.Mark.Use == nil {
+		return nil
+	}
+	atomic.AddUint32(o.Mark.Use, 1)
+	o.marked = true
+	if o.Mark.Ended.Load() {
+		end(o)
+	}
+	if atomic.LoadUint64(o.GenWord) != o.Gen {
+		end(o)
+		return fmt.Errorf("%s over cma before the copy of %d bytes: %w", o.Dir, len(o.Local), ErrClosed)
+	}
+	return nil
+}
+
+// end ends o's mark, if it has one.
+func end(o *Op) {
+	if o.marked {
+		o.marked = false
+		atomic.AddUint32(o.Mark.Use, ^uint32(0))
+	}
 }
 
 // ErrClosed is a copy that the owner's Close stopped between pieces.
@@ -265,8 +305,9 @@ var batches = sync.Pool{New: func() any { return new(batch) }}
 // same direction go in one system call (a window of 8-byte writes costs
 // one call instead of one each), large ones alone, in chunks. A batch
 // that fails or comes up short is redone op by op, so that each error
-// names its op. It sets errs[i] for each op i that failed and returns how
-// many did.
+// names its op. Ops with a Mark are marked only during their own system
+// calls. It sets errs[i] for each op i that failed and returns how many
+// did.
 func Run(lim route.Limit, ops []Op, errs []error) int {
 	failed := 0
 	one := func(i int) {
@@ -291,12 +332,28 @@ func Run(lim route.Limit, ops []Op, errs []error) int {
 			}
 			return
 		}
+		// The batch's marks last for its one call; an op found closed
+		// sends the batch op by op, each with its own error.
+		for k, i := range todo {
+			if begin(&ops[i]) != nil {
+				for _, j := range todo[:k] {
+					end(&ops[j])
+				}
+				for _, j := range todo {
+					one(j)
+				}
+				return
+			}
+		}
 		var done int
 		var err error
 		if dir == progress.Write {
 			done, err = unix.ProcessVMWritev(pid, bt.liov[:len(todo)], bt.riov[:len(todo)], 0)
 		} else {
 			done, err = unix.ProcessVMReadv(pid, bt.liov[:len(todo)], bt.riov[:len(todo)], 0)
+		}
+		for _, i := range todo {
+			end(&ops[i])
 		}
 		if err != nil || uint64(done) != want {
 			for _, i := range todo {
@@ -330,8 +387,13 @@ func Run(lim route.Limit, ops []Op, errs []error) int {
 }
 
 // Copy moves one op's bytes, in chunks, looking at the limit in between:
-// a long copy ends at its deadline, not when its last byte moved.
+// a long copy ends at its deadline, not when its last byte moved. An op
+// with a Mark is marked from before its first piece to after its last.
 func Copy(lim route.Limit, o *Op) error {
+	if err := begin(o); err != nil {
+		return err
+	}
+	defer end(o)
 	size := uint64(len(o.Local))
 	for off := uint64(0); off < size; {
 		if err := lim.Err(); err != nil {
