@@ -118,15 +118,20 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 }
 
 // linkForChecks is the mem link to p for the handle checks' cache (cma,
-// shm), when one is up, without waiting for one: when there is none it
-// starts one in the background (one at a time; after memRedial when the
-// last failed), and ops read their entries meanwhile. An op must not wait
-// for a dial (up to verifyTimeout toward an owner that does not answer, a
-// stopped one say): it never needed the owner to answer on that socket
-// before.
+// shm) and the copies' marks (runCMA, markSingleCopy), when one is up,
+// without waiting for one: when there is none it starts one in the
+// background (one at a time; after memRedial when the last failed), and
+// ops read their entries meanwhile. An op must not wait for a dial (up
+// to verifyTimeout toward an owner that does not answer, a stopped one
+// say): it never needed the owner to answer on that socket before. A link
+// that is up is found without memMu, which another op may hold a moment:
+// an op that missed it would copy unmarked.
 func (p *sameNodePeer) linkForChecks() *memLink {
+	if l := p.up.Load(); l != nil && !l.done.Load() {
+		return l
+	}
 	if !p.memMu.TryLock() {
-		return nil // a dial holds it
+		return nil // a dial, or another op starting one, holds it
 	}
 	l := p.link
 	up := l != nil && !l.done.Load()

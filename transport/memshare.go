@@ -461,6 +461,7 @@ func (p *sameNodePeer) startDial() {
 			}
 		}
 		p.link, p.linkErr, p.linkAt = l, err, time.Now()
+		p.up.Store(l)
 		p.dialing = false
 		p.memMu.Unlock()
 		if old != nil {

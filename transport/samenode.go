@@ -106,6 +106,9 @@ type sameNodePeer struct {
 	// link is dialed again after memRedial; a closed one never).
 	memMu    sync.Mutex
 	link     *memLink
+	// up is link, for readers that must not wait for memMu
+	// (linkForChecks): written with it, under memMu.
+	up       atomic.Pointer[memLink]
 	linkErr  error
 	linkAt   time.Time
 	memDone  bool
@@ -233,6 +236,7 @@ func (p *sameNodePeer) closeMem() {
 	p.memMu.Lock()
 	l := p.link
 	p.link, p.memDone = nil, true
+	p.up.Store(nil)
 	p.memMu.Unlock()
 	if l != nil {
 		l.close()
