@@ -212,3 +212,26 @@ func errorIsOneOf(err error, targets ...error) bool {
 
 // sameNodeProviders are the same-node routes.
 func sameNodeProviders() []string { return []string{testenv.RouteCMA, testenv.RouteSHM} }
+
+// TestRemoteRouteBesideShm: a manager with shm and tcp, as a default one
+// has, moving bytes with an owner of this node that offers only tcp. The
+// ops go over tcp, with no same-node owner behind them; they must not
+// take the same-node paths (0c57b4e read that owner on every fabric op
+// and panicked on 1.x, where shm copies itself).
+func TestRemoteRouteBesideShm(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	const size = 1 << 20
+	owner := testpeer.Start(t, testenv.RouteTCP)
+	h := owner.Register(size, mr.ReadWrite, 5)
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM, testenv.RouteTCP))
+	rt, err := m.Route(h)
+	require.NoError(t, err)
+	require.Equal(t, testenv.RouteTCP, rt.Backend, rt.Reason)
+	b, mem := register(t, m, size, 0)
+	require.NoError(t, m.ReadInto(context.Background(), b, h))
+	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 5)), testpeer.Sum(mem), "read")
+	testpeer.Fill(mem, 6)
+	require.NoError(t, m.WriteFrom(context.Background(), h, b))
+	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 6)), owner.Sum(0, 0, size), "write")
+}
