@@ -469,14 +469,18 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	// markSingleCopy).
 	singleCopy := rt.kind == route.Fabric && rt.peer != nil && b.Provider == fabric.BackendSHM &&
 		m.guardDirect && m.reach.Reaches(rt.peer.pid, rt.peer.cma.table)
-	if (rt.kind == route.CMA || singleCopy) && m.linkOn {
+	if rt.kind == route.CMA || singleCopy {
+		none := "(no use page mapped)"
+		if !m.linkOn {
+			none = "(the mem route is off here: no use page)"
+		}
 		switch {
-		case rt.peer.linkForChecks() != nil:
+		case m.linkOn && rt.peer.linkForChecks() != nil:
 			reason += "; its Close waits for these copies (use page mapped)"
 		case singleCopy:
-			reason += "; its Close does not stop a copy under way (no use page mapped)"
+			reason += "; its Close does not stop a copy under way " + none
 		default:
-			reason += "; its Close stops these copies only between 4 MiB pieces (no use page mapped)"
+			reason += "; its Close stops these copies only between 4 MiB pieces " + none
 		}
 	}
 	if rt.kind == route.CMA || rt.kind == route.Mem {
