@@ -104,8 +104,8 @@ type sameNodePeer struct {
 
 	// The mem route to it: link, or why not since linkAt (a failed
 	// link is dialed again after memRedial; a closed one never).
-	memMu    sync.Mutex
-	link     *memLink
+	memMu sync.Mutex
+	link  *memLink
 	// up is link, for readers that must not wait for memMu
 	// (linkForChecks): written with it, under memMu.
 	up       atomic.Pointer[memLink]
