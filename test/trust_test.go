@@ -217,7 +217,8 @@ func sameNodeProviders() []string { return []string{testenv.RouteCMA, testenv.Ro
 // has, moving bytes with an owner of this node that offers only tcp. The
 // ops go over tcp, with no same-node owner behind them; they must not
 // take the same-node paths (0c57b4e read that owner on every fabric op
-// and panicked on 1.x, where shm copies itself).
+// and panicked on 1.x, where shm copies itself; on 2.x that code did not
+// get there).
 func TestRemoteRouteBesideShm(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	testenv.RequireRoute(t, testenv.RouteTCP)
