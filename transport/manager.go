@@ -470,7 +470,7 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	singleCopy := rt.kind == route.Fabric && rt.peer != nil && b.Provider == fabric.BackendSHM &&
 		m.guardDirect && m.reach.Reaches(rt.peer.pid, rt.peer.cma.table)
 	if rt.kind == route.CMA || singleCopy {
-		none := "(no use page mapped)"
+		none := "(no use page mapped, or not yet)"
 		if !m.linkOn {
 			none = "(the mem route is off here: no use page)"
 		}

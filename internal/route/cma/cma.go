@@ -288,7 +288,8 @@ func end(o *Op) {
 	}
 }
 
-// ErrClosed is a copy that the owner's Close stopped between pieces.
+// ErrClosed is a copy that the owner's Close stopped before it began or
+// between pieces.
 var ErrClosed = errors.New("the owner closed the buffer")
 
 // batch is the iovecs of one call, pooled so that a request of small ops
