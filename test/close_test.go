@@ -329,3 +329,53 @@ func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 77)), testpeer.Sum(mem))
 }
+
+// TestCloseEndsShmOpsInFlight: a peer's long write over shm into a buffer
+// this process closes while the write is under way. The peer's job
+// watches the buffer's generation (its link to this process is up: the
+// test waits for its Route to say so) and ends with a stale handle at its
+// next check. On libfabric 2.x the owner's provider drops the op's
+// remaining chunks without an answer, and the write waited for its
+// deadline (30 s) and ended ErrTimeout; on 1.x shm copies in the peer,
+// marked, and the op stops at its next check. On both, no page lands
+// after Close returned.
+func TestCloseEndsShmOpsInFlight(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	const size = 256 << 20
+	want := "ends within" // 2.x: the owner copies
+	if fabric.RuntimeVersion().Major() == 1 {
+		want = "its Close waits for these copies" // shm copies in the peer
+	}
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+	peer := testpeer.Start(t, testenv.RouteSHM)
+	peer.Register(size, 0, 77) // the peer's source
+	b, mem := register(t, m, size, mr.RemoteWrite)
+	var rt string
+	require.Eventually(t, func() bool {
+		rt = peer.Route(b.Remote())
+		return strings.Contains(rt, want)
+	}, 30*time.Second, time.Millisecond, "the peer's route never said %q: %s", want, rt)
+	firstWord := func(page int) uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[page*4096]))) }
+	untouched := make([]bool, size/4096)
+	wrote := make(chan error, 1)
+	go func() { wrote <- peer.Transfer("write", 0, b.Remote()) }()
+	require.Eventually(t, func() bool { return firstWord(0) != 0 },
+		30*time.Second, 10*time.Microsecond, "the peer's write did not begin")
+	require.NoError(t, b.Close())
+	for p := range untouched {
+		untouched[p] = firstWord(p) == 0
+	}
+	require.True(t, untouched[len(untouched)-1], "the write ended before Close returned: the test proves nothing")
+	err := <-wrote
+	require.Error(t, err, "the peer's write returned nil, though its buffer was closed under it")
+	t.Logf("peer: %v", err)
+	assert.Contains(t, err.Error(), "stale or altered handle")
+	assert.NotContains(t, err.Error(), "timed out")
+	late := 0
+	for p, u := range untouched {
+		if u && firstWord(p) != 0 {
+			late++
+		}
+	}
+	assert.Zero(t, late, "pages written after Close returned")
+}

@@ -163,6 +163,9 @@ func (l *memLink) EndUse(slot uint32) {
 	l.drop()
 }
 
+// Drop gives back a hold of checksLink's (libfabric.Xfer.WatchGen).
+func (l *memLink) Drop() { l.drop() }
+
 // cmaRequest is the cma ops of one request, pooled so that a request of
 // small ops allocates nothing.
 type cmaRequest struct {

@@ -660,8 +660,13 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 			Remote: remote + off, Key: o.ep.key, Offset: off})
 	}
 	o.sent = end
-	if b.Provider == fabric.BackendSHM && o.peer != nil && m.shmCopiesItself(o) {
-		return m.markSingleCopy(x, o)
+	if b.Provider == fabric.BackendSHM && o.peer != nil {
+		if l := m.checksLink(o); l != nil { // the job ends when its buffer does
+			x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
+		}
+		if m.shmCopiesItself(o) {
+			return m.markSingleCopy(x, o)
+		}
 	}
 	return nil
 }

@@ -1,11 +1,13 @@
 package libfabric
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -46,6 +48,11 @@ type Xfer struct {
 	probe   probe // tcp: the stall watch
 	use     Use   // HoldUse's, ended at the last release
 	useSlot uint32
+	// WatchGen's: the owner's generation word of the job's buffer, the
+	// handle's generation, and the hold that keeps the word mapped.
+	genWord *uint64
+	gen     uint64
+	genHold interface{ Drop() }
 }
 
 var xferPool = sync.Pool{New: func() any {
@@ -66,6 +73,16 @@ func (r *Route) NewXfer(local Holder) *Xfer {
 
 // HoldUse makes the Xfer end u (u.EndUse(slot)) at its last release.
 func (x *Xfer) HoldUse(u Use, slot uint32) { x.use, x.useSlot = u, slot }
+
+// WatchGen makes the job's Check (shm) end it with an ErrStaleHandle
+// error once the owner's generation word of its buffer (word, mapped from
+// a same-node owner) is no longer gen: the owner closed the buffer under
+// the job. libfabric 2.x's shm owner drops an op on a closed registration
+// without an answer, which would otherwise end at the deadline. hold
+// keeps word mapped; it is dropped at the last release.
+func (x *Xfer) WatchGen(word *uint64, gen uint64, hold interface{ Drop() }) {
+	x.genWord, x.gen, x.genHold = word, gen, hold
+}
 
 // Job is the Xfer's job: its chunks before Submit, its outcome after.
 func (x *Xfer) Job() *progress.Job { return x.job }
@@ -130,6 +147,10 @@ func (x *Xfer) Release() {
 		x.use.EndUse(x.useSlot)
 		x.use = nil
 	}
+	if x.genHold != nil {
+		x.genHold.Drop()
+		x.genWord, x.genHold = nil, nil
+	}
 	x.r, x.local, x.scratch, x.pid, x.dead, x.stuck = nil, nil, x.scratch[:0], 0, false, false
 	x.probe.name, x.probe.drop = nil, nil
 	x.job.Reset()
@@ -143,6 +164,12 @@ func (x *Xfer) Release() {
 func peerAlive(j *progress.Job) error {
 	x := j.Tag.(*Xfer)
 	gone, why := proc.Gone(x.pid)
+	if !gone && x.genWord != nil && atomic.LoadUint64(x.genWord) != x.gen {
+		// Its chunks in flight stay the loop's until they complete (not
+		// stuck: one the owner took before the Close still completes).
+		return fmt.Errorf("%s over shm to %s: %w: the owner closed the buffer while the op was in flight",
+			j.Op, j.PeerName, errclass.ErrStaleHandle)
+	}
 	if !gone {
 		err := x.r.Blocked()
 		if err != nil {
