@@ -485,7 +485,7 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	}
 	if rt.kind == route.Fabric && !singleCopy && rt.peer != nil && b.Provider == fabric.BackendSHM &&
 		m.linkOn && rt.peer.linkForChecks() != nil {
-		reason += fmt.Sprintf("; an op on a buffer its owner closes ends within %v (generations page mapped)", progress.CheckEvery)
+		reason += fmt.Sprintf("; an op on a buffer its owner closes ends at its next check, every %v (generations page mapped)", progress.CheckEvery)
 	}
 	if rt.kind == route.CMA || rt.kind == route.Mem {
 		return Route{Backend: ep.provider, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -663,6 +664,11 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	if b.Provider == fabric.BackendSHM && o.peer != nil {
 		if l := m.checksLink(o); l != nil { // the job ends when its buffer does
 			x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
+			if atomic.LoadUint64(l.genWord(o.ep.guard.slot)) != o.ep.guard.gen {
+				// Closed since the check (a later part): post nothing the
+				// owner would drop without an answer.
+				return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
+			}
 		}
 		if m.shmCopiesItself(o) {
 			return m.markSingleCopy(x, o)

@@ -164,18 +164,21 @@ func (x *Xfer) Release() {
 func peerAlive(j *progress.Job) error {
 	x := j.Tag.(*Xfer)
 	gone, why := proc.Gone(x.pid)
-	if !gone && x.genWord != nil && atomic.LoadUint64(x.genWord) != x.gen {
-		// Its chunks in flight stay the loop's until they complete (not
-		// stuck: one the owner took before the Close still completes).
-		return fmt.Errorf("%s over shm to %s: %w: the owner closed the buffer while the op was in flight",
-			j.Op, j.PeerName, errclass.ErrStaleHandle)
-	}
 	if !gone {
-		err := x.r.Blocked()
-		if err != nil {
+		if err := x.r.Blocked(); err != nil {
 			x.markStuck(j)
+			return err
 		}
-		return err
+		if x.genWord != nil && atomic.LoadUint64(x.genWord) != x.gen {
+			// Its chunks in flight stay the loop's, as at a deadline: one
+			// the owner took before its Close closed the registration may
+			// still copy into the local buffer, so they are not counted
+			// as stuck; those it dropped never complete, and the local
+			// buffer's Close waits for them as after a timeout.
+			return fmt.Errorf("%s over shm to %s: %w: the owner closed the buffer while the op was in flight",
+				j.Op, j.PeerName, errclass.ErrStaleHandle)
+		}
+		return nil
 	}
 	if j.InFlight() > 0 && !x.dead {
 		x.dead = true
