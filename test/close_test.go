@@ -230,17 +230,28 @@ func TestCloseStopsCMAPeers(t *testing.T) {
 	t.Cleanup(func() { _ = mr.Free(mem) })
 	b, err := m.Register(mem, mr.RemoteWrite)
 	require.NoError(t, err)
+	err = closeUnderPeerWrite(t, peer, b, mem, "its Close waits for these copies")
+	assert.Contains(t, err.Error(), "stale or altered handle")
+	assert.Contains(t, err.Error(), "closed by its owner")
+}
+
+// closeUnderPeerWrite waits until peer's Route toward b says want, has
+// peer write all of b (from its buffer 0), closes b once the first bytes
+// arrived and, the moment Close returns, notes which pages the write has
+// not reached (a page's first word is still zero: the peer's pattern
+// has none). It asserts that none of them is written later and that the
+// write failed, and returns its error.
+func closeUnderPeerWrite(t *testing.T, peer *testpeer.Peer, b *transport.Buffer, mem []byte, want string) error {
+	t.Helper()
 	var rt string
 	require.Eventually(t, func() bool {
 		rt = peer.Route(b.Remote())
-		return strings.Contains(rt, "its Close waits for these copies")
-	}, 30*time.Second, time.Millisecond, "the peer's route never said that Close waits for its copies: %s", rt)
+		return strings.Contains(rt, want)
+	}, 30*time.Second, time.Millisecond, "the peer's route never said %q: %s", want, rt)
 	firstWord := func(page int) uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[page*4096]))) }
-	untouched := make([]bool, size/4096)
+	untouched := make([]bool, len(mem)/4096)
 	wrote := make(chan error, 1)
 	go func() { wrote <- peer.Transfer("write", 0, b.Remote()) }()
-	// The write began when its first bytes are here (the pattern of seed
-	// 77 has no zero word at the start of a page).
 	require.Eventually(t, func() bool { return firstWord(0) != 0 },
 		30*time.Second, 10*time.Microsecond, "the peer's write did not begin")
 	require.NoError(t, b.Close())
@@ -250,18 +261,17 @@ func TestCloseStopsCMAPeers(t *testing.T) {
 		untouched[p] = firstWord(p) == 0
 	}
 	require.True(t, untouched[len(untouched)-1], "the write ended before Close returned: the test proves nothing")
-	err = <-wrote
-	require.Error(t, err, "the peer's write returned nil, though Close stopped it")
-	assert.Contains(t, err.Error(), "stale or altered handle")
-	assert.Contains(t, err.Error(), "closed by its owner")
+	err := <-wrote
+	require.Error(t, err, "the peer's write returned nil, though its buffer was closed under it")
+	t.Logf("peer: %v", err)
 	late := 0
 	for p, u := range untouched {
 		if u && firstWord(p) != 0 {
 			late++
 		}
 	}
-	t.Logf("peer: %v", err)
 	assert.Zero(t, late, "pages written after Close returned")
+	return err
 }
 
 // TestCloseStopsCMAPeersOfAllocBuffers: the same with a Manager.Alloc
@@ -350,32 +360,7 @@ func TestCloseEndsShmOpsInFlight(t *testing.T) {
 	peer := testpeer.Start(t, testenv.RouteSHM)
 	peer.Register(size, 0, 77) // the peer's source
 	b, mem := register(t, m, size, mr.RemoteWrite)
-	var rt string
-	require.Eventually(t, func() bool {
-		rt = peer.Route(b.Remote())
-		return strings.Contains(rt, want)
-	}, 30*time.Second, time.Millisecond, "the peer's route never said %q: %s", want, rt)
-	firstWord := func(page int) uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[page*4096]))) }
-	untouched := make([]bool, size/4096)
-	wrote := make(chan error, 1)
-	go func() { wrote <- peer.Transfer("write", 0, b.Remote()) }()
-	require.Eventually(t, func() bool { return firstWord(0) != 0 },
-		30*time.Second, 10*time.Microsecond, "the peer's write did not begin")
-	require.NoError(t, b.Close())
-	for p := range untouched {
-		untouched[p] = firstWord(p) == 0
-	}
-	require.True(t, untouched[len(untouched)-1], "the write ended before Close returned: the test proves nothing")
-	err := <-wrote
-	require.Error(t, err, "the peer's write returned nil, though its buffer was closed under it")
-	t.Logf("peer: %v", err)
+	err := closeUnderPeerWrite(t, peer, b, mem, want)
 	assert.Contains(t, err.Error(), "stale or altered handle")
 	assert.NotContains(t, err.Error(), "timed out")
-	late := 0
-	for p, u := range untouched {
-		if u && firstWord(p) != 0 {
-			late++
-		}
-	}
-	assert.Zero(t, late, "pages written after Close returned")
 }
