@@ -235,7 +235,8 @@ func TestCloseStopsCMAPeers(t *testing.T) {
 	assert.Contains(t, err.Error(), "closed by its owner")
 }
 
-// closeUnderPeerWrite waits until peer's Route toward b says want, has
+// closeUnderPeerWrite waits until peer's Route toward b says want ("":
+// no wait, the write is the peer's first op toward this process), has
 // peer write all of b (from its buffer 0), closes b once the first bytes
 // arrived and, the moment Close returns, notes which pages the write has
 // not reached (a page's first word is still zero: the peer's pattern
@@ -243,11 +244,13 @@ func TestCloseStopsCMAPeers(t *testing.T) {
 // write failed, and returns its error.
 func closeUnderPeerWrite(t *testing.T, peer *testpeer.Peer, b *transport.Buffer, mem []byte, want string) error {
 	t.Helper()
-	var rt string
-	require.Eventually(t, func() bool {
-		rt = peer.Route(b.Remote())
-		return strings.Contains(rt, want)
-	}, 30*time.Second, time.Millisecond, "the peer's route never said %q: %s", want, rt)
+	if want != "" {
+		var rt string
+		require.Eventually(t, func() bool {
+			rt = peer.Route(b.Remote())
+			return strings.Contains(rt, want)
+		}, 30*time.Second, time.Millisecond, "the peer's route never said %q: %s", want, rt)
+	}
 	firstWord := func(page int) uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[page*4096]))) }
 	untouched := make([]bool, len(mem)/4096)
 	wrote := make(chan error, 1)
@@ -363,4 +366,27 @@ func TestCloseEndsShmOpsInFlight(t *testing.T) {
 	err := closeUnderPeerWrite(t, peer, b, mem, want)
 	assert.Contains(t, err.Error(), "stale or altered handle")
 	assert.NotContains(t, err.Error(), "timed out")
+}
+
+// TestFirstOpIsMarked: the same with the peer's first op toward this
+// process. The peer's first routing toward an owner it has just verified
+// waits for its mem link's first dial, so that first op is marked (cma)
+// or watched (shm) like later ones: no page lands after Close, and the
+// write ends with a stale handle, not at its deadline. (Before, it ran
+// before the use page was mapped: on cma the piece in flight landed
+// after Close; on shm the write waited out its 30 s deadline.)
+func TestFirstOpIsMarked(t *testing.T) {
+	for _, rt := range []string{testenv.RouteCMA, testenv.RouteSHM} {
+		t.Run(rt, func(t *testing.T) {
+			testenv.RequireRoute(t, rt)
+			const size = 256 << 20
+			m := newManager(t, transport.WithProviders(rt))
+			peer := testpeer.Start(t, rt)
+			peer.Register(size, 0, 77) // the peer's source
+			b, mem := register(t, m, size, mr.RemoteWrite)
+			err := closeUnderPeerWrite(t, peer, b, mem, "")
+			assert.Contains(t, err.Error(), "stale or altered handle")
+			assert.NotContains(t, err.Error(), "timed out")
+		})
+	}
 }

@@ -144,3 +144,28 @@ func (p *sameNodePeer) linkForChecks() *memLink {
 	}
 	return l
 }
+
+// firstLink waits, within t's limits, for the first mem link dial toward
+// p to end, when none has ended yet. The first ops toward an owner, which
+// its verification has just shown answering, are then marked (runCMA,
+// markSingleCopy) and watched (Xfer.WatchGen) like the later ones,
+// instead of running before the use page is mapped. A dial that fails
+// leaves them as before; later dials are never waited for
+// (linkForChecks). Past the limits it returns an *awaitError naming
+// provider.
+func (p *sameNodePeer) firstLink(t *reqTimes, provider string) error {
+	p.memMu.Lock()
+	if p.memDone || !p.linkAt.IsZero() {
+		p.memMu.Unlock()
+		return nil
+	}
+	if !p.dialing {
+		p.startDial()
+	}
+	dialed := p.dialed
+	p.memMu.Unlock()
+	if err := t.waitFor(dialed); err != nil {
+		return &awaitError{what: "the owner's answer on the mem link", provider: provider, pid: p.pid, cause: err}
+	}
+	return nil
+}

@@ -665,10 +665,16 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			return rt, nil
 		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
 			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer
-			return rt, matchesPeer(r, cmaEP, peer)
+			if err := matchesPeer(r, cmaEP, peer); err != nil || !m.linkOn {
+				return rt, err
+			}
+			return rt, peer.firstLink(t, cma.Name)
 		case shmEP != nil && peer.shmName != nil:
 			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.sameNode, shmEP, peer
-			return rt, matchesPeer(r, shmEP, peer)
+			if err := matchesPeer(r, shmEP, peer); err != nil || !m.linkOn {
+				return rt, err
+			}
+			return rt, peer.firstLink(t, bs.sameNode.Name())
 		}
 	}
 	if bs.remote != nil {
