@@ -70,7 +70,7 @@ var outcomes = map[outcomeKey]outcome{
 	{testenv.RouteCMA, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
 	{testenv.RouteCMA, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
 	{testenv.RouteSHM, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
-	{testenv.RouteSHM, 2}: {ownerKilledBlocks: true, ownerStopped: checkTimesOut, stoppedBig: checkTimesOut, stoppedUnverified: answerTimesOut, stoppedNewBuffer: checkTimesOut},
+	{testenv.RouteSHM, 2}: {ownerKilledBlocks: true, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: answerTimesOut, stoppedNewBuffer: checkTimesOut},
 	{testenv.RouteTCP, 1}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
 	{testenv.RouteTCP, 2}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
 }
