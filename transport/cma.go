@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/internal/route"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
@@ -125,43 +124,38 @@ func (m *Manager) shmCheckDirect(o *opSpec, seen *cmaEntries) (bool, error) {
 // shm route, with process_vm_readv/writev from this process (libfabric
 // 1.x's single copy, the owner reached): the op then needs no progress of
 // the owner, and no wake (wakeOwner).
-func (m *Manager) shmCopiesItself(o *opSpec) bool {
-	return m.guardDirect && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
+func (m *Manager) shmCopiesItself(o *opSpec) bool { return m.singleCopyTo(o.peer) }
+
+// singleCopyTo reports whether this process's shm copies the bytes of
+// ops toward peer itself (shmCopiesItself).
+func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
+	return m.guardDirect && m.reach.Reaches(peer.pid, peer.cma.table)
 }
 
-// markSingleCopy marks the part of op o that x carries in the owner's
-// use page, when the mem link to the owner is up, on libfabric 1.x's
+// markSingleCopy marks the part of op o that x carries in the use page
+// of l, the mem link to the owner that x holds, on libfabric 1.x's
 // single-copy shm path: there this process copies inside fi_read and
 // fi_write, and the owner's provider checks no key, so a Close of the
 // owner would not stop the part's chunks. Marked first, then the
-// generation looked at, as runCMA does; x keeps the mark until the loop
-// is done with its job too (its last release). Without a link the part
-// runs unmarked, checked only before the op (shmCheckDirect).
-func (m *Manager) markSingleCopy(x *libfabric.Xfer, o *opSpec) error {
-	l := m.checksLink(o)
-	if l == nil {
-		return nil
-	}
+// generation looked at, as a cma op (cma.Mark); x keeps the mark until
+// the loop is done with its job too (its last release). Without a link
+// the part runs unmarked, checked only before the op (shmCheckDirect).
+func (m *Manager) markSingleCopy(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot
-	l.uses.Mark(slot)
-	switch {
-	case l.done.Load():
-		l.EndUse(slot) // the owner may no longer count this page
-		return nil
-	case atomic.LoadUint64(l.genWord(slot)) != o.ep.guard.gen:
-		l.EndUse(slot)
+	k := cma.Mark{Use: &l.uses[slot], Ended: &l.done} // checksLink bounded the slot
+	marked, err := k.Begin(l.genWord(slot), o.ep.guard.gen)
+	if err != nil {
 		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
 	}
-	x.HoldUse(l, slot)
+	if marked {
+		x.HoldUse(l, slot)
+	}
 	return nil
 }
 
-// EndUse ends a mark in l's use page and the hold that came with it
-// (checksLink): a libfabric.Use.
-func (l *memLink) EndUse(slot uint32) {
-	l.uses.Leave(slot)
-	l.drop()
-}
+// EndUse ends a mark in l's use page (a libfabric.Use); the hold on l is
+// the Xfer's too, dropped after it (Drop).
+func (l *memLink) EndUse(slot uint32) { l.uses.Leave(slot) }
 
 // Drop gives back a hold of checksLink's (libfabric.Xfer.WatchGen).
 func (l *memLink) Drop() { l.drop() }

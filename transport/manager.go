@@ -464,28 +464,8 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
-	// Where this process copies (cma, and libfabric 1.x's single-copy
-	// shm), whether the owner's Close waits for the copies (runCMA,
-	// markSingleCopy).
-	singleCopy := rt.kind == route.Fabric && rt.peer != nil && b.Provider == fabric.BackendSHM &&
-		m.guardDirect && m.reach.Reaches(rt.peer.pid, rt.peer.cma.table)
-	if rt.kind == route.CMA || singleCopy {
-		none := "(no use page mapped, or not yet)"
-		if !m.linkOn {
-			none = "(the mem route is off here: no use page)"
-		}
-		switch {
-		case m.linkOn && rt.peer.linkForChecks() != nil:
-			reason += "; its Close waits for these copies (use page mapped)"
-		case singleCopy:
-			reason += "; its Close does not stop a copy under way " + none
-		default:
-			reason += "; its Close stops these copies only between 4 MiB pieces " + none
-		}
-	}
-	if rt.kind == route.Fabric && !singleCopy && rt.peer != nil && b.Provider == fabric.BackendSHM &&
-		m.linkOn && rt.peer.linkForChecks() != nil {
-		reason += fmt.Sprintf("; an op on a buffer its owner closes ends at its next check, every %v (generations page mapped)", progress.CheckEvery)
+	if rt.peer != nil && (rt.kind == route.CMA || rt.kind == route.Fabric && b.Provider == fabric.BackendSHM) {
+		reason += m.closeNote(rt.kind, rt.peer)
 	}
 	if rt.kind == route.CMA || rt.kind == route.Mem {
 		return Route{Backend: ep.provider, Locality: loc, Reason: reason, Peer: cma.Peer(rt.peer.pid)}, nil
@@ -495,6 +475,30 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 		host, _, _ = net.SplitHostPort(hp)
 	}
 	return Route{Backend: b.Name(), Locality: loc, Reason: reason, Host: host, Peer: b.Addr(ep.name)}, nil
+}
+
+// closeNote says what the owner's Close does to this manager's ops under
+// way toward peer on a cma or shm route: whether it waits for the copies
+// this process makes (runCMA, markSingleCopy), or ends an shm op at its
+// job's next check (Xfer.WatchGen).
+func (m *Manager) closeNote(kind route.Kind, peer *sameNodePeer) string {
+	copies := kind == route.CMA || m.singleCopyTo(peer)
+	linked := m.linkOn && peer.linkForChecks() != nil
+	none := "(no use page mapped, or not yet)"
+	if !m.linkOn {
+		none = "(the mem route is off here: no use page)"
+	}
+	switch {
+	case linked && copies:
+		return "; its Close waits for these copies (use page mapped)"
+	case linked:
+		return fmt.Sprintf("; an op on a buffer its owner closes ends at its next check, every %v (generations page mapped)", progress.CheckEvery)
+	case kind == route.CMA:
+		return "; its Close stops these copies only between 4 MiB pieces " + none
+	case copies:
+		return "; its Close does not stop a copy under way " + none
+	}
+	return ""
 }
 
 // matchesPeer checks a same-node endpoint of a handle against its owner

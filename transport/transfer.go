@@ -662,16 +662,18 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	}
 	o.sent = end
 	if b.Provider == fabric.BackendSHM && o.peer != nil {
-		if l := m.checksLink(o); l != nil { // the job ends when its buffer does
+		if l := m.checksLink(o); l != nil {
+			// The job ends when its buffer does; x drops the hold on l at
+			// its last release.
 			x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
+			if m.shmCopiesItself(o) {
+				return m.markSingleCopy(x, o, l)
+			}
 			if atomic.LoadUint64(l.genWord(o.ep.guard.slot)) != o.ep.guard.gen {
 				// Closed since the check (a later part): post nothing the
 				// owner would drop without an answer.
 				return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
 			}
-		}
-		if m.shmCopiesItself(o) {
-			return m.markSingleCopy(x, o)
 		}
 	}
 	return nil

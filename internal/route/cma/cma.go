@@ -262,20 +262,38 @@ type Mark struct {
 	Ended *atomic.Bool
 }
 
+// Begin marks a use, then loads the generation at word: ErrClosed when
+// it is no longer gen (the mark then ended). It reports whether the use
+// stays marked: not when the link ended, and the op then goes unmarked.
+// End ends a use that stayed marked.
+func (k Mark) Begin(word *uint64, gen uint64) (marked bool, err error) {
+	atomic.AddUint32(k.Use, 1)
+	marked = true
+	if k.Ended.Load() {
+		k.End()
+		marked = false
+	}
+	if atomic.LoadUint64(word) != gen {
+		if marked {
+			k.End()
+		}
+		return false, ErrClosed
+	}
+	return marked, nil
+}
+
+// End ends a use Begin left marked.
+func (k Mark) End() { atomic.AddUint32(k.Use, ^uint32(0)) }
+
 // begin marks o (when it has a Mark) and checks that its buffer is still
 // open: ErrClosed when the owner closed it before the copy.
 func begin(o *Op) error {
 	if o.Mark.Use == nil {
 		return nil
 	}
-	atomic.AddUint32(o.Mark.Use, 1)
-	o.marked = true
-	if o.Mark.Ended.Load() {
-		end(o)
-	}
-	if atomic.LoadUint64(o.GenWord) != o.Gen {
-		end(o)
-		return fmt.Errorf("%s over cma before the copy of %d bytes: %w", o.Dir, len(o.Local), ErrClosed)
+	var err error
+	if o.marked, err = o.Mark.Begin(o.GenWord, o.Gen); err != nil {
+		return fmt.Errorf("%s over cma before the copy of %d bytes: %w", o.Dir, len(o.Local), err)
 	}
 	return nil
 }
@@ -284,7 +302,7 @@ func begin(o *Op) error {
 func end(o *Op) {
 	if o.marked {
 		o.marked = false
-		atomic.AddUint32(o.Mark.Use, ^uint32(0))
+		o.Mark.End()
 	}
 }
 
