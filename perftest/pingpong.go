@@ -114,7 +114,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		// time, as fabtests' total over its iterations does. A read
 		// before the write and another after the wait left out the
 		// time between them, one clock read and the loop's own work.
-		prev := time.Now()
+		prev := monoClock()
 		for i := 1; i <= total; i++ {
 			mark := Marker(i)
 			send.Bytes()[size-1] = mark
@@ -126,15 +126,15 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
 				break
 			}
-			now := time.Now()
+			now := monoClock()
 			if i > cfg.Warmup {
-				d := now.Sub(prev)
+				d := now - prev
 				elapsed += d
 				lat = append(lat, d/2)
 				done++
 				if cfg.Progress != nil && done%64 == 0 {
 					cfg.Progress(size, done, iters)
-					now = time.Now() // the report is not the next round trip's
+					now = monoClock() // the report is not the next round trip's
 				}
 			}
 			prev = now
