@@ -168,3 +168,58 @@ func TestRawPingPongPeer(t *testing.T) {
 		p.write(t, byte(i))
 	}
 }
+
+// rawWriteEnv makes TestRawWritePeer the target of BenchmarkRawWrite;
+// its value is the provider.
+const rawWriteEnv = "FITRANSFER_RAW_WRITE_PEER"
+
+// rawWriteEnd is the mark of BenchmarkRawWrite's last write, which ends
+// the target's wait; the others cycle through 1..rawWriteEnd-1.
+const rawWriteEnd = 0xfe
+
+// BenchmarkRawWrite is the floor under fitransfer's window-1 writes over
+// shm and tcp with this Go and cgo: 8-byte RMA writes, delivery complete,
+// one at a time (posted, then reaped), from this process into a child
+// that only progresses its endpoint, as fi_rma_bw -W 1 -U -j 0's target
+// does. No progress loop, no routing, one locked thread a side.
+func BenchmarkRawWrite(b *testing.B) {
+	for _, prov := range rawProviders {
+		b.Run(prov, func(b *testing.B) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestRawWritePeer$")
+			cmd.Env = append(os.Environ(), rawWriteEnv+"="+prov)
+			cmd.Stderr = os.Stderr
+			in, err := cmd.StdinPipe()
+			require.NoError(b, err)
+			out, err := cmd.StdoutPipe()
+			require.NoError(b, err)
+			require.NoError(b, cmd.Start())
+			defer func() { require.NoError(b, cmd.Wait()) }()
+			defer in.Close()
+			p := rawSetup(b, prov, bufio.NewReader(out), in)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				p.write(b, byte(1+i%(rawWriteEnd-1)))
+			}
+			b.StopTimer()
+			p.write(b, rawWriteEnd)
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "usec/xfer")
+		})
+	}
+}
+
+// TestRawWritePeer is BenchmarkRawWrite's target; run without
+// rawWriteEnv it has nothing to do.
+func TestRawWritePeer(t *testing.T) {
+	prov := os.Getenv(rawWriteEnv)
+	if prov == "" {
+		return
+	}
+	p := rawSetup(t, prov, bufio.NewReader(os.Stdin), os.Stdout)
+	runtime.LockOSThread()
+	w := (*uint32)(unsafe.Pointer(&p.buf[4]))
+	for byte(atomic.LoadUint32(w)>>24) != rawWriteEnd {
+		_, _ = p.s.q.Reap(p.s.ep)
+	}
+}
