@@ -25,9 +25,17 @@ type Config struct {
 	Sizes   []uint64 // transfer sizes
 	Iters   int      // 0: fabtests' default per size
 	Warmup  int      // warm-up ops per size
-	Window  int      // ops in flight (bandwidth modes)
-	Verify  bool     // check every byte
-	Timeout time.Duration
+	// WarmupFor, when set, makes the warm-up last at least this long
+	// too (DefaultWarmupFor). A Go process that blocked (on the
+	// bootstrap connection, say) restarts its runtime's sysmon thread,
+	// which then wakes every 20 us for about a millisecond and backs off
+	// to every 10 ms over about 20 ms; on a small machine each wake takes
+	// a CPU from a spinning side, and a run of a few milliseconds (8 B
+	// pingpongs) is that phase only (docs/PERFORMANCE.md).
+	WarmupFor time.Duration
+	Window    int  // ops in flight (bandwidth modes)
+	Verify    bool // check every byte
+	Timeout   time.Duration
 	// Token is the server's shared secret, when it has one.
 	Token string
 	// Progress, when set, is called after each window with the ops done
@@ -242,8 +250,12 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 		}
 		return a.Submit(ctx)
 	}
-	for done := 0; done < cfg.Warmup; {
-		n := min(win, cfg.Warmup-done)
+	warmStart := monoClock()
+	for done := 0; done < cfg.Warmup || monoClock()-warmStart < cfg.WarmupFor; {
+		n := win
+		if done < cfg.Warmup {
+			n = min(win, cfg.Warmup-done)
+		}
 		if err := window(n); err != nil {
 			return Row{Op: cfg.Mode, Provider: s.Provider, Bytes: size}, err
 		}

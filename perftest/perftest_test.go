@@ -88,6 +88,7 @@ func TestPattern(t *testing.T) {
 		seen[Marker(i)] = true
 	}
 	assert.Len(t, seen, 255)
+	assert.NotEqual(t, Marker(1), Marker(pingCalibration), "the calibration's last marker would read as the next exchange's first")
 }
 
 // TestServerSurvivesBadClients sends a server garbage, another protocol

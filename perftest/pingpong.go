@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -89,67 +90,26 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		if iters <= 0 {
 			iters = DefaultPingPongIters(size)
 		}
-		total := cfg.Warmup + iters
 		var seed uint64
 		if cfg.Verify {
 			seed = size
 		}
-		if err := s.conn.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: total, Seed: seed}); err != nil {
-			return rows, err
+		warm := cfg.Warmup
+		if cfg.WarmupFor > 0 {
+			n, err := s.pingWarmup(ctx, p, size, seed)
+			if err != nil {
+				return rows, err
+			}
+			warm = max(warm, n)
 		}
-		recv := p.mem[:size]
-		clear(recv)
-		send, _ := p.buf.Slice(p.half, size)
-		if cfg.Verify {
-			Fill(send.Bytes(), seed)
-		}
-		dst, _ := s.remote.Slice(0, size)
-		poll := pollRoute(cfg.Manager, s.Route)
 		lat := make([]time.Duration, 0, iters)
-		var elapsed time.Duration
-		done := 0
-		var runErr error
-		// One clock read a round trip, at its end, which is the next
-		// one's start: the round trips then add up to the loop's whole
-		// time, as fabtests' total over its iterations does. A read
-		// before the write and another after the wait left out the
-		// time between them, one clock read and the loop's own work.
-		prev := monoClock()
-		for i := 1; i <= total; i++ {
-			mark := Marker(i)
-			send.Bytes()[size-1] = mark
-			if err := cfg.Manager.WriteFrom(ctx, dst, send); err != nil {
-				runErr = err
-				break
-			}
-			if err := WaitByte(ctx, recv, mark, cfg.Timeout, poll, s.serverGone); err != nil {
-				runErr = fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
-				break
-			}
-			now := monoClock()
-			if i > cfg.Warmup {
-				d := now - prev
-				elapsed += d
-				lat = append(lat, d/2)
-				done++
-				if cfg.Progress != nil && done%64 == 0 {
-					cfg.Progress(size, done, iters)
-					now = monoClock() // the report is not the next round trip's
-				}
-			}
-			prev = now
-		}
+		elapsed, done, runErr := s.pingRounds(ctx, p, size, seed, warm, iters, &lat)
 		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
 		row.Peer = s.Route.Peer
 		row.Complete = runErr == nil
-		if runErr == nil {
-			if _, err := s.conn.Expect(bootstrap.TypeDone, cfg.Timeout); err != nil {
-				runErr = err
-			}
-		}
 		if runErr == nil && cfg.Verify {
 			// The server echoes what it received: all but the marker.
-			if bad := Mismatch(recv[:size-1], seed); bad >= 0 {
+			if bad := Mismatch(p.mem[:size-1], seed); bad >= 0 {
 				runErr = fmt.Errorf("verify: pingpong of %d bytes came back different at offset %d", size, bad)
 			} else {
 				row.Verified = true
@@ -161,4 +121,78 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		}
 	}
 	return rows, nil
+}
+
+// pingWarmup runs a short exchange of pingCalibration round trips of
+// size and returns how many round trips take WarmupFor at the median
+// pace it saw (bounded by maxPingWarmup).
+func (s *Session) pingWarmup(ctx context.Context, p *PingPongBuffer, size, seed uint64) (int, error) {
+	lat := make([]time.Duration, 0, pingCalibration)
+	if _, _, err := s.pingRounds(ctx, p, size, seed, 0, pingCalibration, &lat); err != nil {
+		return 0, s.explain(ctx, err)
+	}
+	slices.Sort(lat)
+	rtt := max(2*lat[len(lat)/2], time.Nanosecond)
+	return int(min(s.cfg.WarmupFor/rtt+1, maxPingWarmup)), nil
+}
+
+// pingCalibration is the round trips pingWarmup times: 255, so that the
+// marker it leaves in the server's buffer (Marker(255)) is not the next
+// exchange's first (Marker(1)), which the server would take for the
+// client's first write. maxPingWarmup bounds the warm-up it asks for.
+const (
+	pingCalibration = 255
+	maxPingWarmup   = 1 << 22
+)
+
+// pingRounds is one exchange of warm+iters round trips of size with the
+// server, the last iters timed: it appends their half round trips to
+// *lat and returns their sum and count. The exchange has ended when it
+// returns nil (the server said it was done).
+func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed uint64, warm, iters int, lat *[]time.Duration) (time.Duration, int, error) {
+	cfg := s.cfg
+	total := warm + iters
+	if err := s.conn.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: total, Seed: seed}); err != nil {
+		return 0, 0, err
+	}
+	recv := p.mem[:size]
+	clear(recv)
+	send, _ := p.buf.Slice(p.half, size)
+	if cfg.Verify {
+		Fill(send.Bytes(), seed)
+	}
+	dst, _ := s.remote.Slice(0, size)
+	poll := pollRoute(cfg.Manager, s.Route)
+	var elapsed time.Duration
+	done := 0
+	// One clock read a round trip, at its end, which is the next
+	// one's start: the round trips then add up to the loop's whole
+	// time, as fabtests' total over its iterations does. A read
+	// before the write and another after the wait left out the
+	// time between them, one clock read and the loop's own work.
+	prev := monoClock()
+	for i := 1; i <= total; i++ {
+		mark := Marker(i)
+		send.Bytes()[size-1] = mark
+		if err := cfg.Manager.WriteFrom(ctx, dst, send); err != nil {
+			return elapsed, done, err
+		}
+		if err := WaitByte(ctx, recv, mark, cfg.Timeout, poll, s.serverGone); err != nil {
+			return elapsed, done, fmt.Errorf("pingpong %d of %d bytes: %w", i, size, err)
+		}
+		now := monoClock()
+		if i > warm {
+			d := now - prev
+			elapsed += d
+			*lat = append(*lat, d/2)
+			done++
+			if cfg.Progress != nil && done%64 == 0 {
+				cfg.Progress(size, done, iters)
+				now = monoClock() // the report is not the next round trip's
+			}
+		}
+		prev = now
+	}
+	_, err := s.conn.Expect(bootstrap.TypeDone, cfg.Timeout)
+	return elapsed, done, err
 }

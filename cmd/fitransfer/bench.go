@@ -76,7 +76,7 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.StringVar(&o.providers, "providers", "", "providers to sweep, comma-separated (default: every usable one of mem, cma, shm, tcp;ofi_rxm, efa)")
 	fs.StringVar(&o.sizes, "S", "8,4k,64k,1m", "sizes (as read/write -S, or a comma-separated list)")
 	fs.IntVar(&o.iters, "I", 0, "iterations per size (default: fabtests' per size)")
-	fs.IntVar(&o.warmup, "w", 10, "warm-up iterations per size")
+	fs.IntVar(&o.warmup, "w", 10, warmupUsage)
 	fs.IntVar(&o.window, "W", 64, "window for read and write")
 	fs.StringVar(&o.ops, "ops", "read,write,pingpong", "tests to run")
 	fs.BoolVar(&o.asCSV, "csv", false, "print CSV")
@@ -275,7 +275,7 @@ func benchOnce(ctx context.Context, prov, mode string, sizes []uint64, iters, wa
 	}
 	defer m.Close()
 	return runSession(ctx, perftest.Config{Server: addr, Manager: m, Mode: mode, Sizes: sizes, Iters: iters,
-		Warmup: warmup, Window: window, Timeout: timeout, Token: os.Getenv(tokenEnv)})
+		Warmup: warmup, WarmupFor: warmupFor(warmup), Window: window, Timeout: timeout, Token: os.Getenv(tokenEnv)})
 }
 
 // aggregate makes one row per size out of repeated runs: ours[i] and

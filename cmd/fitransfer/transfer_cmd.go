@@ -33,7 +33,7 @@ func (f *testFlags) register(fs *flag.FlagSet, bandwidth bool) {
 	f.managerFlags.register(fs, "busy")
 	fs.StringVar(&f.sizes, "S", "", "size: N[k|m|g], all, or r:start,inc,end (default: 64 256 1k 4k 64k 1m)")
 	fs.IntVar(&f.iters, "I", 0, "iterations per size (default: fabtests' per size)")
-	fs.IntVar(&f.warmup, "w", 10, "warm-up iterations per size")
+	fs.IntVar(&f.warmup, "w", 10, warmupUsage)
 	fs.BoolVar(&f.verify, "v", false, "check every byte")
 	fs.BoolVar(&f.verify, "verify", false, "check every byte")
 	fs.BoolVar(&f.asJSON, "m", false, "machine-readable output (JSON)")
@@ -110,7 +110,7 @@ func runTest(name, mode string, args []string, stdout, stderr io.Writer) int {
 	}
 	bar := newProgress(stderr, name)
 	cfg := perftest.Config{Server: hostPort(pos[0]), Manager: m, Mode: mode, Sizes: sizes, Iters: f.iters,
-		Warmup: f.warmup, Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update, Info: stderr,
+		Warmup: f.warmup, WarmupFor: warmupFor(f.warmup), Window: f.window, Verify: f.verify, Timeout: f.timeout, Progress: bar.update, Info: stderr,
 		Token: cmp.Or(f.token, os.Getenv(tokenEnv))}
 	rows, err := runSession(ctx, cfg)
 	bar.clear()
@@ -231,4 +231,15 @@ func sourceToward(addr string) string {
 		return ""
 	}
 	return host
+}
+
+// warmupUsage is -w's help.
+var warmupUsage = fmt.Sprintf("warm-up iterations per size; with any, the warm-up also lasts at least %v, so that the Go runtime settles (0: no warm-up)", perftest.DefaultWarmupFor)
+
+// warmupFor is the warm-up time that goes with -w n: none for -w 0.
+func warmupFor(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return perftest.DefaultWarmupFor
 }
