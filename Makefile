@@ -91,7 +91,7 @@ bench: build
 	if [ "$$(id -u)" = 0 ]; then ./$(BIN) bench --rails 4 --repeat 3; \
 	else echo "make bench: skipping bench --rails 4 (network namespaces need root)"; fi
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
-	$(GO) test -run '^$$' -bench 'RawPingPong|RawWrite|IdleReap' -count 3 ./internal/ofi/
+	$(GO) test -run '^$$' -bench 'RawPingPong|RawOneAtATime|IdleReap' -count 3 ./internal/ofi/
 
 # The reliability runs (docs/RELIABILITY.md): a minute of random
 # transfers with every byte checked, plus 100,000 registrations; and each

@@ -32,11 +32,11 @@ type pingSide struct {
 	op  Op
 }
 
-// rawSetup opens an endpoint of prov with a registered page, tells the
-// peer (on w) its address, the page's address and key, and reads the
-// peer's (from r).
-func rawSetup(t testing.TB, prov string, r *bufio.Reader, w io.Writer) *pingSide {
-	info := rmaInfo(t, prov, 0)
+// rawSetup opens an endpoint of prov with a registered page (its hints
+// asking for order), tells the peer (on w) its address, the page's
+// address and key, and reads the peer's (from r).
+func rawSetup(t testing.TB, prov string, order MsgOrder, r *bufio.Reader, w io.Writer) *pingSide {
+	info := rmaInfo(t, prov, order)
 	p := &pingSide{s: openSide(t, info), buf: mmap(t, 4096)}
 	var bindTo *Endpoint
 	if info.Domain.MRMode.Has(MREndpoint) {
@@ -130,7 +130,7 @@ func BenchmarkRawPingPong(b *testing.B) {
 			require.NoError(b, cmd.Start())
 			defer func() { require.NoError(b, cmd.Wait()) }()
 			defer in.Close()
-			p := rawSetup(b, prov, bufio.NewReader(out), in)
+			p := rawSetup(b, prov, 0, bufio.NewReader(out), in)
 			_, err = fmt.Fprintln(in, b.N)
 			require.NoError(b, err)
 			runtime.LockOSThread()
@@ -156,7 +156,7 @@ func TestRawPingPongPeer(t *testing.T) {
 		return
 	}
 	r := bufio.NewReader(os.Stdin)
-	p := rawSetup(t, prov, r, os.Stdout)
+	p := rawSetup(t, prov, 0, r, os.Stdout)
 	var n int
 	_, err := fmt.Fscanln(r, &n)
 	require.NoError(t, err)
@@ -169,57 +169,70 @@ func TestRawPingPongPeer(t *testing.T) {
 	}
 }
 
-// rawWriteEnv makes TestRawWritePeer the target of BenchmarkRawWrite;
-// its value is the provider.
-const rawWriteEnv = "FITRANSFER_RAW_WRITE_PEER"
+// rawOneEnv makes TestRawOneAtATimePeer the target of
+// BenchmarkRawOneAtATime; its value is the provider.
+const rawOneEnv = "FITRANSFER_RAW_ONE_PEER"
 
-// rawWriteEnd is the mark of BenchmarkRawWrite's last write, which ends
-// the target's wait; the others cycle through 1..rawWriteEnd-1.
-const rawWriteEnd = 0xfe
+// rawOneEnd is the mark of BenchmarkRawOneAtATime's last write, which
+// ends the target's wait; the writes before it cycle through
+// 1..rawOneEnd-1.
+const rawOneEnd = 0xfe
 
-// BenchmarkRawWrite is the floor under fitransfer's window-1 writes over
-// shm and tcp with this Go and cgo: 8-byte RMA writes, delivery complete,
-// one at a time (posted, then reaped), from this process into a child
-// that only progresses its endpoint, as fi_rma_bw -W 1 -U -j 0's target
-// does. No progress loop, no routing, one locked thread a side.
-func BenchmarkRawWrite(b *testing.B) {
-	for _, prov := range rawProviders {
-		b.Run(prov, func(b *testing.B) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestRawWritePeer$")
-			cmd.Env = append(os.Environ(), rawWriteEnv+"="+prov)
-			cmd.Stderr = os.Stderr
-			in, err := cmd.StdinPipe()
-			require.NoError(b, err)
-			out, err := cmd.StdoutPipe()
-			require.NoError(b, err)
-			require.NoError(b, cmd.Start())
-			defer func() { require.NoError(b, cmd.Wait()) }()
-			defer in.Close()
-			p := rawSetup(b, prov, bufio.NewReader(out), in)
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				p.write(b, byte(1+i%(rawWriteEnd-1)))
-			}
-			b.StopTimer()
-			p.write(b, rawWriteEnd)
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "usec/xfer")
-		})
+// BenchmarkRawOneAtATime is the floor under fitransfer's window-1 reads
+// and writes over shm and tcp with this Go and cgo: 8-byte RMA ops, one
+// at a time (posted, then reaped), from this process to a child that
+// only progresses its endpoint, as fi_rma_bw -W 1's target does. Writes
+// are delivery complete, as fitransfer's are (fi_rma_bw -U -j 0). The
+// endpoints ask for read-after-read order, as fitransfer's shm endpoints
+// do (fabric.WithoutShmFastRMA): shm's fast RMA, where the initiator
+// copies, is off, and the target copies. No progress loop, no routing,
+// one locked thread a side.
+func BenchmarkRawOneAtATime(b *testing.B) {
+	for _, op := range []string{"write", "read"} {
+		for _, prov := range rawProviders {
+			b.Run(op+"/"+prov, func(b *testing.B) {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestRawOneAtATimePeer$")
+				cmd.Env = append(os.Environ(), rawOneEnv+"="+prov)
+				cmd.Stderr = os.Stderr
+				in, err := cmd.StdinPipe()
+				require.NoError(b, err)
+				out, err := cmd.StdoutPipe()
+				require.NoError(b, err)
+				require.NoError(b, cmd.Start())
+				defer func() { require.NoError(b, cmd.Wait()) }()
+				defer in.Close()
+				p := rawSetup(b, prov, OrderRAR, bufio.NewReader(out), in)
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				if op == "read" {
+					p.op.Write, p.op.Flags = false, uint64(OpCompletion)
+					p.s.q.Set(0, &p.op) // (Set copies the op)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					p.write(b, byte(1+i%(rawOneEnd-1))) // (a read, for reads)
+				}
+				b.StopTimer()
+				p.op.Write, p.op.Flags = true, uint64(OpCompletion|OpDeliveryComplete)
+				p.s.q.Set(0, &p.op)
+				p.write(b, rawOneEnd)
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "usec/xfer")
+			})
+		}
 	}
 }
 
-// TestRawWritePeer is BenchmarkRawWrite's target; run without
-// rawWriteEnv it has nothing to do.
-func TestRawWritePeer(t *testing.T) {
-	prov := os.Getenv(rawWriteEnv)
+// TestRawOneAtATimePeer is BenchmarkRawOneAtATime's target; run without
+// rawOneEnv it has nothing to do.
+func TestRawOneAtATimePeer(t *testing.T) {
+	prov := os.Getenv(rawOneEnv)
 	if prov == "" {
 		return
 	}
-	p := rawSetup(t, prov, bufio.NewReader(os.Stdin), os.Stdout)
+	p := rawSetup(t, prov, OrderRAR, bufio.NewReader(os.Stdin), os.Stdout)
 	runtime.LockOSThread()
 	w := (*uint32)(unsafe.Pointer(&p.buf[4]))
-	for byte(atomic.LoadUint32(w)>>24) != rawWriteEnd {
+	for byte(atomic.LoadUint32(w)>>24) != rawOneEnd {
 		_, _ = p.s.q.Reap(p.s.ep)
 	}
 }
