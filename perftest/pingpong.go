@@ -94,16 +94,19 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 		if cfg.Verify {
 			seed = size
 		}
+		lat := make([]time.Duration, 0, iters)
+		var elapsed time.Duration
+		var done int
+		var runErr error
 		warm := cfg.Warmup
 		if cfg.WarmupFor > 0 {
-			n, err := s.pingWarmup(ctx, p, size, seed)
-			if err != nil {
-				return rows, err
-			}
+			var n int
+			n, runErr = s.pingWarmup(ctx, p, size, seed)
 			warm = max(warm, n)
 		}
-		lat := make([]time.Duration, 0, iters)
-		elapsed, done, runErr := s.pingRounds(ctx, p, size, seed, warm, iters, &lat)
+		if runErr == nil {
+			elapsed, done, runErr = s.pingRounds(ctx, p, size, seed, warm, iters, &lat)
+		}
 		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
 		row.Peer = s.Route.Peer
 		row.Complete = runErr == nil
@@ -129,7 +132,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 func (s *Session) pingWarmup(ctx context.Context, p *PingPongBuffer, size, seed uint64) (int, error) {
 	lat := make([]time.Duration, 0, pingCalibration)
 	if _, _, err := s.pingRounds(ctx, p, size, seed, 0, pingCalibration, &lat); err != nil {
-		return 0, s.explain(ctx, err)
+		return 0, err
 	}
 	slices.Sort(lat)
 	rtt := max(2*lat[len(lat)/2], time.Nanosecond)
