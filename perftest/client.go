@@ -250,9 +250,11 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 		}
 		return a.Submit(ctx)
 	}
+	// Past the Warmup ops, one op at a time: a window of large ops may
+	// take far longer than WarmupFor (a rate-limited rail, say).
 	warmStart := monoClock()
 	for done := 0; done < cfg.Warmup || monoClock()-warmStart < cfg.WarmupFor; {
-		n := win
+		n := 1
 		if done < cfg.Warmup {
 			n = min(win, cfg.Warmup-done)
 		}
@@ -278,7 +280,7 @@ func (s *Session) measure(ctx context.Context, local *transport.Buffer, mem []by
 		return r, err
 	}
 	// One clock read a window, at its end, which is the next one's start
-	// (as in RunPingPong): the windows then add up to the loop's whole
+	// (as in pingRounds): the windows then add up to the loop's whole
 	// time, as fabtests' total does, and an 8 B op does not pay for two
 	// reads of its own. Work between windows that is not the transfer's
 	// (verifying, reporting) reads the clock again after it.

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -175,5 +176,54 @@ func TestServerSurvivesBadClients(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 1, n, "lines matching %s in %q", re, got)
+	}
+}
+
+// TestPingPongLeavesNoMarker: each pingpong exchange leaves the server's
+// buffer clear, so that no marker of one (the calibration's, a larger
+// size's data) reads as the next one's first write; the sizes, larger
+// first and verified, would leave such bytes.
+func TestPingPongLeavesNoMarker(t *testing.T) {
+	m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+	require.NoError(t, err)
+	defer m.Close()
+	srv, err := Listen(m, "127.0.0.1:0", ServerConfig{Size: 1 << 20, Idle: 5 * time.Second}, func(string, ...any) {}, func(string, ...any) {})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = srv.Serve(ctx, false) }()
+
+	c, err := transport.New(context.Background(), transport.WithProviders("shm"))
+	require.NoError(t, err)
+	defer c.Close()
+	cfg := Config{Server: srv.Addr().String(), Manager: c, Mode: bootstrap.ModePingPong, Sizes: []uint64{4096, 64, 32},
+		Iters: 50, Warmup: 1, WarmupFor: time.Millisecond, Verify: true, Timeout: 5 * time.Second}
+	p, err := NewPingPongBuffer(cfg)
+	require.NoError(t, err)
+	defer p.Close()
+	s, err := Connect(cfg, p.Hello())
+	require.NoError(t, err)
+	defer s.Close()
+	rows, err := s.RunPingPong(context.Background(), p)
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	for _, r := range rows {
+		assert.True(t, r.Verified, "%d B", r.Bytes)
+	}
+
+	mem, err := mr.Alloc(2 * 4096)
+	require.NoError(t, err)
+	defer func() { _ = mr.Free(mem) }()
+	local, err := c.Register(mem, mr.ReadWrite)
+	require.NoError(t, err)
+	defer local.Close()
+	remote, err := s.remote.Slice(0, 2*4096)
+	require.NoError(t, err)
+	require.NoError(t, c.ReadInto(context.Background(), local, remote))
+	for i, b := range mem {
+		if b != 0 {
+			t.Fatalf("the server's buffer holds %#x at %d after the exchanges", b, i)
+		}
 	}
 }

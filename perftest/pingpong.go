@@ -105,7 +105,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 			warm = max(warm, n)
 		}
 		if runErr == nil {
-			elapsed, done, runErr = s.pingRounds(ctx, p, size, seed, warm, iters, &lat)
+			elapsed, done, runErr = s.pingRounds(ctx, p, size, seed, warm, iters, &lat, true)
 		}
 		row := newRow("pingpong", s.Provider, size, done, 1, elapsed, lat)
 		row.Peer = s.Route.Peer
@@ -131,7 +131,7 @@ func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, er
 // pace it saw (bounded by maxPingWarmup).
 func (s *Session) pingWarmup(ctx context.Context, p *PingPongBuffer, size, seed uint64) (int, error) {
 	lat := make([]time.Duration, 0, pingCalibration)
-	if _, _, err := s.pingRounds(ctx, p, size, seed, 0, pingCalibration, &lat); err != nil {
+	if _, _, err := s.pingRounds(ctx, p, size, seed, 0, pingCalibration, &lat, false); err != nil {
 		return 0, err
 	}
 	slices.Sort(lat)
@@ -139,30 +139,35 @@ func (s *Session) pingWarmup(ctx context.Context, p *PingPongBuffer, size, seed 
 	return int(min(s.cfg.WarmupFor/rtt+1, maxPingWarmup)), nil
 }
 
-// pingCalibration is the round trips pingWarmup times: 255, so that the
-// marker it leaves in the server's buffer (Marker(255)) is not the next
-// exchange's first (Marker(1)), which the server would take for the
-// client's first write. maxPingWarmup bounds the warm-up it asks for.
+// pingCalibration is the round trips pingWarmup times. The marker it
+// leaves in the server's buffer (Marker(31)) is not the next exchange's
+// first (Marker(1)), which a server that does not clear its buffer after
+// an exchange would take for the client's first write. maxPingWarmup
+// bounds the warm-up it asks for.
 const (
-	pingCalibration = 255
+	pingCalibration = 31
 	maxPingWarmup   = 1 << 22
 )
 
 // pingRounds is one exchange of warm+iters round trips of size with the
 // server, the last iters timed: it appends their half round trips to
-// *lat and returns their sum and count. The exchange has ended when it
-// returns nil (the server said it was done).
-func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed uint64, warm, iters int, lat *[]time.Duration) (time.Duration, int, error) {
+// *lat and returns their sum and count (reporting Progress when report
+// is set). The exchange has ended when it returns nil (the server said
+// it was done).
+func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed uint64, warm, iters int, lat *[]time.Duration, report bool) (time.Duration, int, error) {
 	cfg := s.cfg
 	total := warm + iters
-	if err := s.conn.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: total, Seed: seed}); err != nil {
-		return 0, 0, err
-	}
+	// Before the message: the server may answer at once (a marker left in
+	// its buffer that reads as the first), and a clear after that answer
+	// would leave both sides waiting for each other.
 	recv := p.mem[:size]
 	clear(recv)
 	send, _ := p.buf.Slice(p.half, size)
 	if cfg.Verify {
 		Fill(send.Bytes(), seed)
+	}
+	if err := s.conn.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: total, Seed: seed}); err != nil {
+		return 0, 0, err
 	}
 	dst, _ := s.remote.Slice(0, size)
 	poll := pollRoute(cfg.Manager, s.Route)
@@ -189,7 +194,7 @@ func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed 
 			elapsed += d
 			*lat = append(*lat, d/2)
 			done++
-			if cfg.Progress != nil && done%64 == 0 {
+			if report && cfg.Progress != nil && done%64 == 0 {
 				cfg.Progress(size, done, iters)
 				now = monoClock() // the report is not the next round trip's
 			}

@@ -453,6 +453,11 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 	}
+	// The next exchange starts from zeros: a marker left here could read
+	// as its first, before the client wrote it. The client wrote its last
+	// round (the loop saw it), and the last write back has landed.
+	clear(recv.Bytes())
+	clear(send.Bytes())
 	return nil
 }
 
