@@ -229,10 +229,18 @@ func TestRawOneAtATimePeer(t *testing.T) {
 	if prov == "" {
 		return
 	}
-	p := rawSetup(t, prov, OrderRAR, bufio.NewReader(os.Stdin), os.Stdout)
+	r := bufio.NewReader(os.Stdin)
+	p := rawSetup(t, prov, OrderRAR, r, os.Stdout)
+	// The parent closes stdin when it is done, or when it failed before
+	// its last write: then this process must not spin on.
+	var parentGone atomic.Bool
+	go func() {
+		_, _ = io.Copy(io.Discard, r)
+		parentGone.Store(true)
+	}()
 	runtime.LockOSThread()
 	w := (*uint32)(unsafe.Pointer(&p.buf[4]))
-	for byte(atomic.LoadUint32(w)>>24) != rawOneEnd {
+	for byte(atomic.LoadUint32(w)>>24) != rawOneEnd && !parentGone.Load() {
 		_, _ = p.s.q.Reap(p.s.ep)
 	}
 }
