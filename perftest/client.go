@@ -28,8 +28,8 @@ type Config struct {
 	// WarmupFor, when set, makes the warm-up last at least this long
 	// too (DefaultWarmupFor). A Go process that blocked (on the
 	// bootstrap connection, say) restarts its runtime's sysmon thread,
-	// which then wakes every 20 us for about a millisecond and backs off
-	// to every 10 ms over about 20 ms; on a small machine each wake takes
+	// which then sleeps 20 us at a time for 50 wakes and backs off to
+	// 10 ms over the next 20 ms or so; on a small machine each wake takes
 	// a CPU from a spinning side, and a run of a few milliseconds (8 B
 	// pingpongs) is that phase only (docs/PERFORMANCE.md).
 	WarmupFor time.Duration
