@@ -108,6 +108,22 @@ func (p *pingSide) await(t testing.TB, mark byte) {
 	}
 }
 
+// startRawPeer starts this test binary as a raw benchmark's other
+// process: test (a Test function, which does nothing without env) with
+// env set to prov. It returns the child's stdin and stdout, and a func
+// that waits for it to exit (after stdin is closed).
+func startRawPeer(b *testing.B, test, env, prov string) (io.WriteCloser, *bufio.Reader, func()) {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env+"="+prov)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(b, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
+	return in, bufio.NewReader(out), func() { require.NoError(b, cmd.Wait()) }
+}
+
 // awaitTimeout bounds each wait of BenchmarkRawPingPong's sides.
 const awaitTimeout = 10 * time.Second
 
@@ -120,18 +136,11 @@ const awaitTimeout = 10 * time.Second
 func BenchmarkRawPingPong(b *testing.B) {
 	for _, prov := range rawProviders {
 		b.Run(prov, func(b *testing.B) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestRawPingPongPeer$")
-			cmd.Env = append(os.Environ(), rawPeerEnv+"="+prov)
-			cmd.Stderr = os.Stderr
-			in, err := cmd.StdinPipe()
-			require.NoError(b, err)
-			out, err := cmd.StdoutPipe()
-			require.NoError(b, err)
-			require.NoError(b, cmd.Start())
-			defer func() { require.NoError(b, cmd.Wait()) }()
+			in, out, wait := startRawPeer(b, "TestRawPingPongPeer", rawPeerEnv, prov)
+			defer wait()
 			defer in.Close()
-			p := rawSetup(b, prov, 0, bufio.NewReader(out), in)
-			_, err = fmt.Fprintln(in, b.N)
+			p := rawSetup(b, prov, 0, out, in)
+			_, err := fmt.Fprintln(in, b.N)
 			require.NoError(b, err)
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
@@ -191,17 +200,10 @@ func BenchmarkRawOneAtATime(b *testing.B) {
 	for _, op := range []string{"write", "read"} {
 		for _, prov := range rawProviders {
 			b.Run(op+"/"+prov, func(b *testing.B) {
-				cmd := exec.Command(os.Args[0], "-test.run=^TestRawOneAtATimePeer$")
-				cmd.Env = append(os.Environ(), rawOneEnv+"="+prov)
-				cmd.Stderr = os.Stderr
-				in, err := cmd.StdinPipe()
-				require.NoError(b, err)
-				out, err := cmd.StdoutPipe()
-				require.NoError(b, err)
-				require.NoError(b, cmd.Start())
-				defer func() { require.NoError(b, cmd.Wait()) }()
+				in, out, wait := startRawPeer(b, "TestRawOneAtATimePeer", rawOneEnv, prov)
+				defer wait()
 				defer in.Close()
-				p := rawSetup(b, prov, OrderRAR, bufio.NewReader(out), in)
+				p := rawSetup(b, prov, OrderRAR, out, in)
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				if op == "read" {
