@@ -132,15 +132,19 @@ func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
 	return m.guardDirect && m.reach.Reaches(peer.pid, peer.cma.table)
 }
 
-// markSingleCopy marks the part of op o that x carries in the use page
-// of l, the mem link to the owner that x holds, on libfabric 1.x's
-// single-copy shm path: there this process copies inside fi_read and
-// fi_write, and the owner's provider checks no key, so a Close of the
-// owner would not stop the part's chunks. Marked first, then the
-// generation looked at, as a cma op (cma.Mark); x keeps the mark until
-// the loop is done with its job too (its last release). Without a link
-// the part runs unmarked, checked only before the op (shmCheckDirect).
-func (m *Manager) markSingleCopy(x *libfabric.Xfer, o *opSpec, l *memLink) error {
+// markShmPart marks the part of op o that x carries in the use page of
+// l, the mem link to the owner that x holds, so that the owner's Close
+// waits for it before it closes the registration. On libfabric 1.x's
+// single-copy path this process copies inside fi_read and fi_write, and
+// the owner's provider checks no key. On 2.x the owner's provider
+// copies, but a chunk it moves through its bounce buffers in several
+// rounds (SAR: no CMA between the two) goes on being copied after the
+// registration closed (smr_progress_sar_list, v2.1.0). Marked first, then
+// the generation looked at, as a cma op (cma.Mark): a part of a buffer
+// closed since the check posts nothing. x keeps the mark until the loop
+// is done with its job too (its last release). Without a link the part
+// runs unmarked.
+func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot
 	k := cma.Mark{Use: &l.uses[slot], Ended: &l.done} // checksLink bounded the slot
 	marked, err := k.Begin(l.genWord(slot), o.ep.guard.gen)

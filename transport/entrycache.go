@@ -118,7 +118,7 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 }
 
 // linkForChecks is the mem link to p for the handle checks' cache (cma,
-// shm) and the copies' marks (runCMA, markSingleCopy), when one is up,
+// shm) and the copies' marks (runCMA, markShmPart), when one is up,
 // without waiting for one: when there is none it starts one in the
 // background (one at a time; after memRedial when the last failed), and
 // ops read their entries meanwhile. An op must not wait for a dial (up
@@ -148,7 +148,7 @@ func (p *sameNodePeer) linkForChecks() *memLink {
 // firstLink waits, within t's limits, for the first mem link dial toward
 // p to end, when none has ended yet. The first ops toward an owner, which
 // its verification has just shown answering, are then marked (runCMA,
-// markSingleCopy) and watched (Xfer.WatchGen) like the later ones,
+// markShmPart) and watched (Xfer.WatchGen) like the later ones,
 // instead of running before the use page is mapped. A dial that fails
 // leaves them as before; later dials are never waited for
 // (linkForChecks). Past the limits it returns an *awaitError naming

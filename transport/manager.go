@@ -478,9 +478,10 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 }
 
 // closeNote says what the owner's Close does to this manager's ops under
-// way toward peer on a cma or shm route: whether it waits for the copies
-// this process makes (runCMA, markSingleCopy), or ends an shm op at its
-// job's next check (Xfer.WatchGen).
+// way toward peer on a cma or shm route: whether it waits for them
+// (runCMA, markShmPart: the copies this process makes, or the shm parts
+// the owner's provider copies), and on 2.x shm that an op on a closed
+// buffer ends at its job's next check (Xfer.WatchGen).
 func (m *Manager) closeNote(kind route.Kind, peer *sameNodePeer) string {
 	copies := kind == route.CMA || m.singleCopyTo(peer)
 	linked := m.linkOn && peer.linkForChecks() != nil
@@ -492,7 +493,7 @@ func (m *Manager) closeNote(kind route.Kind, peer *sameNodePeer) string {
 	case linked && copies:
 		return "; its Close waits for these copies (use page mapped)"
 	case linked:
-		return fmt.Sprintf("; an op on a buffer its owner closes ends at its next check, every %v (generations page mapped)", progress.CheckEvery)
+		return fmt.Sprintf("; its Close waits for these ops, and an op on a buffer it closed ends at its next check, every %v (use page mapped)", progress.CheckEvery)
 	case kind == route.CMA:
 		return "; its Close stops these copies only between 4 MiB pieces " + none
 	case copies:

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -666,14 +665,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 			// The job ends when its buffer does; x drops the hold on l at
 			// its last release.
 			x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
-			if m.shmCopiesItself(o) {
-				return m.markSingleCopy(x, o, l)
-			}
-			if atomic.LoadUint64(l.genWord(o.ep.guard.slot)) != o.ep.guard.gen {
-				// Closed since the check (a later part): post nothing the
-				// owner would drop without an answer.
-				return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
-			}
+			return m.markShmPart(x, o, l)
 		}
 	}
 	return nil
