@@ -344,15 +344,51 @@ func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
 	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 77)), testpeer.Sum(mem))
 }
 
+// TestCloseWaitsOnlyForItsOwnShmParts: the same over shm, the long read
+// first. A request waits for its ops in order and releases each op's
+// Xfer after the ones before it: a part's mark held until that release
+// made the write's owner's Close wait for the whole read. The mark ends
+// when the progress loop is done with the part.
+func TestCloseWaitsOnlyForItsOwnShmParts(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	const size = 256 << 20
+	p := testpeer.Start(t, testenv.RouteSHM)
+	q := testpeer.Start(t, testenv.RouteSHM)
+	small := p.Register(4096, mr.RemoteWrite, 1)
+	big := q.Register(size, mr.RemoteRead, 77)
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+	for _, h := range []transport.RemoteBuffer{small, big} {
+		var reason string
+		require.Eventually(t, func() bool {
+			r, err := m.Route(h)
+			reason = r.Reason
+			return err == nil && strings.Contains(r.Reason, "its Close waits for these")
+		}, 30*time.Second, time.Millisecond, "the route never said that the owner's Close waits for the ops: %s", reason)
+	}
+	src, srcMem := register(t, m, 4096, 0)
+	testpeer.Fill(srcMem, 5)
+	written := testpeer.Sum(testpeer.Pattern(4096, 5))
+	dst, mem := register(t, m, size, 0)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.NewAction().ReadInto(dst, big).WriteFrom(small, src).Submit(context.Background())
+	}()
+	require.Eventually(t, func() bool { return p.Sum(0, 0, 4096) == written },
+		30*time.Second, 100*time.Microsecond, "the write did not land")
+	p.CloseBuf(0)
+	require.Zero(t, atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[size-8]))),
+		"the read had ended when the write's owner's Close returned: that Close waited for it")
+	require.NoError(t, <-done)
+	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 77)), testpeer.Sum(mem))
+}
+
 // TestCloseEndsShmOpsInFlight: a peer's long write over shm into a buffer
 // this process closes while the write is under way. The peer's job
 // watches the buffer's generation (its link to this process is up: the
 // test waits for its Route to say so) and ends with a stale handle at its
-// next check. On libfabric 2.x the owner's provider drops the op's
-// remaining chunks without an answer, and the write waited for its
-// deadline (30 s) and ended ErrTimeout; on 1.x shm copies in the peer,
-// marked, and the op stops at its next check. On both, no page lands
-// after Close returned.
+// next check (before the check, on 2.x the write waited for its
+// deadline, 30 s, and ended ErrTimeout). Its parts are marked, so no page
+// lands after Close returned.
 //
 // Without shm's CMA (FI_SHM_DISABLE_CMA=1 in the peer), libfabric 2.x
 // moves each chunk through its bounce buffers over several rounds of the
@@ -360,7 +396,7 @@ func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
 // chunk began and copies its later segments after the registration is
 // closed (smr_progress_sar_list). The peer's part is marked in its use
 // page, so the owner's Close waits for it before it closes the
-// registration: unmarked, 1,182 pages landed after Close.
+// registration: unmarked, 1,536 pages landed after Close.
 func TestCloseEndsShmOpsInFlight(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	for _, noCMA := range []bool{false, true} {

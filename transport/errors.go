@@ -171,17 +171,18 @@ type InUseError struct {
 	Buffer    uint64
 	Transfers int
 	Stuck     int
-	// Peers are the processes that still copied with the memory
-	// themselves (mem, cma, libfabric 1.x's shm), or whose such op was
-	// not yet over, when Close stopped waiting for them.
+	// Peers are the processes whose marked ops (mem, cma, shm) on the
+	// buffer were not yet over when Close stopped waiting for them: they,
+	// or on libfabric 2.x shm this process's provider for them, may still
+	// copy with the memory.
 	Peers  []int
 	Waited time.Duration
 }
 
 func (e *InUseError) Error() string {
 	if len(e.Peers) > 0 {
-		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (mem, cma or 1.x shm); "+
-			"a peer may still write it: do not reuse it (freeing it is safe; a Manager.Alloc buffer's is kept)", e.Buffer, e.Peers, e.Waited)
+		return fmt.Sprintf("buffer %d: process(es) %v still copy with its memory after %v (mem, cma or shm); "+
+			"a peer's op may still write it: do not reuse or free it (a Manager.Alloc buffer's is kept)", e.Buffer, e.Peers, e.Waited)
 	}
 	why := fmt.Sprintf("still have ops in flight after %v", e.Waited)
 	if e.Waited == 0 {

@@ -36,18 +36,19 @@ type Use interface {
 // recycles it. Until then the memory its chunks target stays registered
 // and mapped.
 type Xfer struct {
-	r       *Route
-	job     *progress.Job
-	refs    atomic.Int32
-	local   Holder
-	scratch []uint32
-	peer    *Peer // the address the job posts to; a use of it until released
-	pid     int   // shm: the peer's process, for peerAlive
-	dead    bool  // shm: abandoned with ops in flight to a dead peer
-	stuck   bool  // shm: ended with ops in flight that may never complete
-	probe   probe // tcp: the stall watch
-	use     Use   // HoldUse's, ended at the last release
-	useSlot uint32
+	r        *Route
+	job      *progress.Job
+	refs     atomic.Int32
+	local    Holder
+	scratch  []uint32
+	peer     *Peer // the address the job posts to; a use of it until released
+	pid      int   // shm: the peer's process, for peerAlive
+	dead     bool  // shm: abandoned with ops in flight to a dead peer
+	stuck    bool  // shm: ended with ops in flight that may never complete
+	probe    probe // tcp: the stall watch
+	use      Use   // HoldUse's
+	useSlot  uint32
+	useEnded atomic.Bool // endUse ran
 	// WatchGen's: the owner's generation word of the job's buffer, the
 	// handle's generation, and the hold that keeps the word mapped.
 	genWord *uint64
@@ -71,14 +72,29 @@ func (r *Route) NewXfer(local Holder) *Xfer {
 	return x
 }
 
-// HoldUse makes the Xfer end u (u.EndUse(slot)) at its last release.
+// HoldUse makes the Xfer end u (u.EndUse(slot)) once the loop is done
+// with its job (OnIdle: every chunk completed), or at its last release
+// when the job never reached the loop. Not at the last release only: the
+// waiter releases an op's Xfer after the ops before it in its request,
+// which may run long on other routes, and an owner's Close waits for
+// the mark.
 func (x *Xfer) HoldUse(u Use, slot uint32) { x.use, x.useSlot = u, slot }
+
+// endUse ends HoldUse's mark, once: the loop's OnIdle and the waiter's
+// last release may both call it.
+func (x *Xfer) endUse() {
+	if x.use != nil && x.useEnded.CompareAndSwap(false, true) {
+		x.use.EndUse(x.useSlot)
+	}
+}
 
 // WatchGen makes the job's Check (shm) end it with an ErrStaleHandle
 // error once the owner's generation word of its buffer (word, mapped from
 // a same-node owner) is no longer gen: the owner closed the buffer under
 // the job. libfabric 2.x's shm owner drops an op on a closed registration
-// without an answer, which would otherwise end at the deadline. hold
+// without an answer (a marked part, HoldUse, is never posted after the
+// owner's Close deregistered: Close waits for the mark), which would
+// otherwise end at the deadline. hold
 // keeps word mapped; it is dropped at the last release.
 func (x *Xfer) WatchGen(word *uint64, gen uint64, hold interface{ Drop() }) {
 	x.genWord, x.gen, x.genHold = word, gen, hold
@@ -125,6 +141,7 @@ func xferIdle(j *progress.Job) {
 	if x.stuck && x.local != nil {
 		x.local.AddStuck(-1)
 	}
+	x.endUse() // nothing of the job is in flight any more
 	x.Release()
 }
 
@@ -143,10 +160,9 @@ func (x *Xfer) Release() {
 		x.peer.Done()
 		x.peer = nil
 	}
-	if x.use != nil {
-		x.use.EndUse(x.useSlot)
-		x.use = nil
-	}
+	x.endUse()
+	x.use = nil
+	x.useEnded.Store(false)
 	if x.genHold != nil {
 		x.genHold.Drop()
 		x.genWord, x.genHold = nil, nil
@@ -170,11 +186,11 @@ func peerAlive(j *progress.Job) error {
 			return err
 		}
 		if x.genWord != nil && atomic.LoadUint64(x.genWord) != x.gen {
-			// Its chunks in flight stay the loop's, as at a deadline: one
-			// the owner took before its Close closed the registration may
-			// still copy into the local buffer, so they are not counted
-			// as stuck; those it dropped never complete, and the local
-			// buffer's Close waits for them as after a timeout.
+			// Its chunks in flight stay the loop's, as at a deadline: the
+			// owner may still copy them into the local buffer, so they are
+			// not counted as stuck. (A marked part, HoldUse, is all posted
+			// before the owner's Close deregisters: no chunk of it is
+			// dropped.)
 			return fmt.Errorf("%s over shm to %s: %w: the owner closed the buffer while the op was in flight",
 				j.Op, j.PeerName, errclass.ErrStaleHandle)
 		}
