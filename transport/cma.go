@@ -142,7 +142,7 @@ func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
 // registration closed (smr_progress_sar_list, v2.1.0). Marked first, then
 // the generation looked at, as a cma op (cma.Mark): a part of a buffer
 // closed since the check posts nothing. x keeps the mark until the loop
-// is done with its job too (its last release). Without a link the part
+// is done with its job (libfabric.Xfer.HoldUse). Without a link the part
 // runs unmarked.
 func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot

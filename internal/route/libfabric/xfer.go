@@ -21,10 +21,9 @@ type Holder interface {
 	AddStuck(delta int)
 }
 
-// Use is a mark an Xfer keeps for the transport until its last release:
-// a peer's use of the owner's buffer (the owner's use page), which the
-// owner's Close waits for. It must outlive every call the loop makes for
-// the job, not only the waiter.
+// Use is a mark an Xfer keeps for the transport (HoldUse): a peer's use
+// of the owner's buffer (the owner's use page), which the owner's Close
+// waits for. It must outlive every call the loop makes for the job.
 type Use interface {
 	EndUse(slot uint32)
 }
@@ -127,6 +126,7 @@ func (x *Xfer) Submit() error {
 	x.refs.Add(1)
 	if err := x.r.loop.Submit(x.job); err != nil {
 		x.refs.Add(-1)
+		x.endUse() // nothing was posted; the waiter may release x much later
 		return err
 	}
 	return nil
@@ -141,7 +141,7 @@ func xferIdle(j *progress.Job) {
 	if x.stuck && x.local != nil {
 		x.local.AddStuck(-1)
 	}
-	x.endUse() // nothing of the job is in flight any more
+	x.endUse() // nothing of the job is in flight any more, or its endpoint closed
 	x.Release()
 }
 
