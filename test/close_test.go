@@ -314,34 +314,7 @@ func TestCloseStopsCMAPeersOfAllocBuffers(t *testing.T) {
 // arrived. (Marks held until the end of the request made that Close wait
 // for the whole read.)
 func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
-	testenv.RequireRoute(t, testenv.RouteCMA)
-	const size = 256 << 20 // 64 pieces: tens of milliseconds of copying
-	p := testpeer.Start(t, testenv.RouteCMA)
-	q := testpeer.Start(t, testenv.RouteCMA)
-	small := p.Register(4096, mr.RemoteWrite, 1)
-	big := q.Register(size, mr.RemoteRead, 77)
-	m := newManager(t, transport.WithProviders(testenv.RouteCMA))
-	for _, h := range []transport.RemoteBuffer{small, big} {
-		var reason string
-		require.Eventually(t, func() bool {
-			r, err := m.Route(h)
-			reason = r.Reason
-			return err == nil && strings.Contains(r.Reason, "its Close waits for these copies")
-		}, 30*time.Second, time.Millisecond, "the route never said that the owner's Close waits for the copies: %s", reason)
-	}
-	src, _ := register(t, m, 4096, 0)
-	dst, mem := register(t, m, size, 0)
-	done := make(chan error, 1)
-	go func() {
-		done <- m.NewAction().WriteFrom(small, src).ReadInto(dst, big).Submit(context.Background())
-	}()
-	require.Eventually(t, func() bool { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != 0 },
-		30*time.Second, 10*time.Microsecond, "the read did not begin")
-	p.CloseBuf(0)
-	require.Zero(t, atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[size-8]))),
-		"the read had ended when the first owner's Close returned: that Close waited for it")
-	require.NoError(t, <-done)
-	require.Equal(t, testpeer.Sum(testpeer.Pattern(size, 77)), testpeer.Sum(mem))
+	closeWaitsOnlyForItsOwn(t, testenv.RouteCMA, false)
 }
 
 // TestCloseWaitsOnlyForItsOwnShmParts: the same over shm, the long read
@@ -350,13 +323,21 @@ func TestCloseWaitsOnlyForItsOwnCopies(t *testing.T) {
 // made the write's owner's Close wait for the whole read. The mark ends
 // when the progress loop is done with the part.
 func TestCloseWaitsOnlyForItsOwnShmParts(t *testing.T) {
-	testenv.RequireRoute(t, testenv.RouteSHM)
-	const size = 256 << 20
-	p := testpeer.Start(t, testenv.RouteSHM)
-	q := testpeer.Start(t, testenv.RouteSHM)
+	closeWaitsOnlyForItsOwn(t, testenv.RouteSHM, true)
+}
+
+// closeWaitsOnlyForItsOwn runs one request over rt of a 4 KiB write to
+// one owner and a 256 MiB read from another (the read first when
+// readFirst); once the write landed and the read began, the write's
+// owner closes its buffer, and the read must not have ended by then.
+func closeWaitsOnlyForItsOwn(t *testing.T, rt string, readFirst bool) {
+	testenv.RequireRoute(t, rt)
+	const size = 256 << 20 // tens of milliseconds of copying
+	p := testpeer.Start(t, rt)
+	q := testpeer.Start(t, rt)
 	small := p.Register(4096, mr.RemoteWrite, 1)
 	big := q.Register(size, mr.RemoteRead, 77)
-	m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+	m := newManager(t, transport.WithProviders(rt))
 	for _, h := range []transport.RemoteBuffer{small, big} {
 		var reason string
 		require.Eventually(t, func() bool {
@@ -369,12 +350,18 @@ func TestCloseWaitsOnlyForItsOwnShmParts(t *testing.T) {
 	testpeer.Fill(srcMem, 5)
 	written := testpeer.Sum(testpeer.Pattern(4096, 5))
 	dst, mem := register(t, m, size, 0)
+	a := m.NewAction()
+	if readFirst {
+		a.ReadInto(dst, big).WriteFrom(small, src)
+	} else {
+		a.WriteFrom(small, src).ReadInto(dst, big)
+	}
 	done := make(chan error, 1)
-	go func() {
-		done <- m.NewAction().ReadInto(dst, big).WriteFrom(small, src).Submit(context.Background())
-	}()
+	go func() { done <- a.Submit(context.Background()) }()
 	require.Eventually(t, func() bool { return p.Sum(0, 0, 4096) == written },
 		30*time.Second, 100*time.Microsecond, "the write did not land")
+	require.Eventually(t, func() bool { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != 0 },
+		30*time.Second, 10*time.Microsecond, "the read did not begin")
 	p.CloseBuf(0)
 	require.Zero(t, atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[size-8]))),
 		"the read had ended when the write's owner's Close returned: that Close waited for it")
