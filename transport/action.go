@@ -18,10 +18,19 @@ import (
 // safe for concurrent use; Submit may be called again.
 type Action struct {
 	m       *Manager
-	ops     []opSpec
+	ops     []opReq
 	run     []opSpec // what Submit executes (execute changes its ops)
 	err     error
 	overlap bool
+}
+
+// opReq is an op as added: what Submit's execution state (opSpec) starts
+// from. It is small because a single-op action, reset and refilled for
+// every op, writes it twice an op.
+type opReq struct {
+	op     progress.Op
+	local  view
+	remote RemoteBuffer
 }
 
 // NewAction starts an empty batch.
@@ -35,7 +44,7 @@ func (a *Action) ReadInto(dst *Buffer, src RemoteBuffer) *Action {
 	case dst.Len() < src.Len():
 		a.fail(fmt.Errorf("%w: op %d reads %d bytes into a %d-byte buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
 	default:
-		a.ops = append(a.ops, opSpec{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src})
+		a.ops = append(a.ops, opReq{op: progress.Read, local: view{dst.st, dst.off, src.Len()}, remote: src})
 	}
 	return a
 }
@@ -49,7 +58,7 @@ func (a *Action) WriteFrom(dst RemoteBuffer, src *Buffer) *Action {
 		a.fail(fmt.Errorf("%w: op %d writes %d bytes into a %d-byte remote buffer", ErrTooSmall, len(a.ops), src.Len(), dst.Len()))
 	default:
 		dst.n = src.n // the first src.Len() bytes: the op's length is its remote view's
-		a.ops = append(a.ops, opSpec{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst})
+		a.ops = append(a.ops, opReq{op: progress.Write, local: view{src.st, src.off, src.n}, remote: dst})
 	}
 	return a
 }
@@ -88,12 +97,22 @@ func (a *Action) Submit(ctx context.Context) error {
 	if len(a.ops) == 0 {
 		return nil
 	}
-	if !a.overlap {
+	if len(a.ops) == 1 {
+		// As Manager.ReadInto and WriteFrom: one op takes the handle's
+		// remembered mem route when it still holds.
+		o := &a.ops[0]
+		if done, err := a.m.memFast(ctx, "action", o.op, o.local, &o.remote); done {
+			return err
+		}
+	} else if !a.overlap {
 		if err := conflicts(a.ops); err != nil {
 			return err
 		}
 	}
-	a.run = append(a.run[:0], a.ops...)
+	a.run = a.run[:0]
+	for _, o := range a.ops {
+		a.run = append(a.run, opSpec{op: o.op, local: o.local, remote: o.remote})
+	}
 	err := a.m.run(ctx, "action", a.run)
 	clear(a.run)
 	return err
@@ -101,7 +120,7 @@ func (a *Action) Submit(ctx context.Context) error {
 
 // conflicts finds two ops whose local ranges overlap where one of them
 // writes local memory (a read into it).
-func conflicts(ops []opSpec) error {
+func conflicts(ops []opReq) error {
 	type rng struct {
 		st       *bufState
 		off, end uint64
