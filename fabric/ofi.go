@@ -41,6 +41,7 @@ func NewQueue(batch, nslots int) *Queue { return ofi.NewQueue(batch, nslots) }
 // Completion levels and flags of ops.
 const (
 	OpCompletion       = ofi.OpCompletion
+	OpInjectComplete   = ofi.OpInjectComplete
 	OpTransmitComplete = ofi.OpTransmitComplete
 	OpDeliveryComplete = ofi.OpDeliveryComplete
 )

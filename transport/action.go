@@ -17,11 +17,12 @@ import (
 // it); Submit refuses such an Action with ErrConflict. An Action is not
 // safe for concurrent use; Submit may be called again.
 type Action struct {
-	m       *Manager
-	ops     []opReq
-	run     []opSpec // what Submit executes (execute changes its ops)
-	err     error
-	overlap bool
+	m          *Manager
+	ops        []opReq
+	run        []opSpec // what Submit executes (execute changes its ops)
+	err        error
+	overlap    bool
+	sourceFree bool
 }
 
 // opReq is an op as added: what Submit's execution state (opSpec) starts
@@ -78,6 +79,20 @@ func (a *Action) AllowOverlap() *Action {
 	return a
 }
 
+// InjectComplete lets this action's writes complete as soon as their
+// local bytes may be reused (FI_INJECT_COMPLETE), before the target has
+// them: a nil error from Submit then says nothing of the target's memory,
+// and a write the owner refuses (a closed buffer) is not reported to it.
+// It is for protocols in which the target answers each write, such as a
+// pingpong, where waiting for the write's own completion costs a message:
+// over tcp;ofi_rxm the owner acknowledges every write that asks for
+// transmit or delivery completion. Writes over the other routes complete
+// as without it. It survives Reset.
+func (a *Action) InjectComplete() *Action {
+	a.sourceFree = true
+	return a
+}
+
 // Reset empties the action for reuse, keeping its memory.
 func (a *Action) Reset() {
 	clear(a.ops)
@@ -111,7 +126,7 @@ func (a *Action) Submit(ctx context.Context) error {
 	}
 	a.run = a.run[:0]
 	for _, o := range a.ops {
-		a.run = append(a.run, opSpec{op: o.op, local: o.local, remote: o.remote})
+		a.run = append(a.run, opSpec{op: o.op, local: o.local, remote: o.remote, sourceFree: a.sourceFree})
 	}
 	err := a.m.run(ctx, "action", a.run)
 	clear(a.run)

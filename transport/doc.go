@@ -24,7 +24,8 @@
 //
 // A nil error from WriteFrom means the bytes are visible in the target's
 // memory (FI_DELIVERY_COMPLETE), unless the manager was created with
-// WithTransmitComplete. For device (GPU) memory, a completion does not by
+// WithTransmitComplete, or the write is one of an Action set to
+// InjectComplete (then only that its source may be reused). For device (GPU) memory, a completion does not by
 // itself make the bytes visible to kernels on the device; see docs/EFA.md.
 // On mem, an owner that died moments before, before this manager saw its
 // verifier connection end, is the exception: its pages outlive it in this

@@ -453,7 +453,7 @@ func (m *Manager) runRound(ctx context.Context, kind string, ops []opSpec, piece
 	perRail := map[int]uint64{}
 	for i, p := range pieces {
 		o := &ops[p.spec]
-		specs[i] = opSpec{op: o.op, local: view{o.local.st, o.local.off + p.off, p.n}, remote: o.remote}
+		specs[i] = opSpec{op: o.op, local: view{o.local.st, o.local.off + p.off, p.n}, remote: o.remote, sourceFree: o.sourceFree}
 		specs[i].remote.off += p.off
 		specs[i].remote.n = p.n
 		if p.rail >= 0 {

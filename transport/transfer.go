@@ -44,7 +44,8 @@ func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) e
 // WriteFrom writes src into the remote buffer dst (its first src.Len()
 // bytes), which must be at least as large. A nil error means the bytes
 // are visible in the target's memory (FI_DELIVERY_COMPLETE) unless the
-// manager uses WithTransmitComplete. Errors as for ReadInto.
+// manager uses WithTransmitComplete (Action.InjectComplete relaxes it
+// further for an action's writes). Errors as for ReadInto.
 func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) error {
 	if src == nil {
 		return errors.New("WriteFrom: nil source buffer")
@@ -75,6 +76,9 @@ type opSpec struct {
 	op     progress.Op
 	local  view
 	remote RemoteBuffer
+	// sourceFree: a write that may complete once its local bytes may be
+	// reused (Action.InjectComplete).
+	sourceFree bool
 
 	// set while executing
 	kind      route.Kind
@@ -638,7 +642,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	j := x.Job()
 	if o.op == progress.Write {
 		reaches := o.peer != nil && b.Provider == fabric.BackendSHM && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
-		j.Flags = b.WriteFlags(m.cfg.transmitComplete, o.peer != nil, reaches)
+		j.Flags = b.WriteFlags(m.completion(o), o.peer != nil, reaches)
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}
@@ -669,6 +673,18 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 		}
 	}
 	return nil
+}
+
+// completion is what the completion of write o must mean: the least its
+// action or its manager asked for.
+func (m *Manager) completion(o *opSpec) libfabric.Completion {
+	switch {
+	case o.sourceFree:
+		return libfabric.SourceFree
+	case m.cfg.transmitComplete:
+		return libfabric.Transmitted
+	}
+	return libfabric.Delivered
 }
 
 // shmPart is the most one shm job of an op covers; a longer op runs as

@@ -75,7 +75,7 @@ func TestXferMovesBytes(t *testing.T) {
 				h := new(holder)
 				x := initiator.NewXfer(h)
 				x.Aim(p, op, time.Now(), time.Now().Add(10*time.Second), 0)
-				x.Job().Flags = initiator.WriteFlags(false, false, false)
+				x.Job().Flags = initiator.WriteFlags(Delivered, false, false)
 				for off := uint64(0); off < 1<<20; off += 256 << 10 {
 					x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(imem[off:]), Desc: imr.Desc(),
 						Len: 256 << 10, Remote: remote + off, Key: omr.Key(), Offset: off})

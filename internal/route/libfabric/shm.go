@@ -62,20 +62,3 @@ func ShmPeerPID(name []byte) int {
 	}
 	return pid
 }
-
-// WriteFlags is the completion flag of a write: FI_TRANSMIT_COMPLETE when
-// the manager asked for it (transmitComplete), or on shm when the owner
-// was verified (verified) and process_vm_readv reaches it (reaches: shm's
-// single copy then lands the bytes before it completes, see above);
-// FI_DELIVERY_COMPLETE otherwise.
-func (r *Route) WriteFlags(transmitComplete, verified, reaches bool) uint64 {
-	switch {
-	case transmitComplete:
-		return uint64(fabric.OpTransmitComplete)
-	case r.Provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
-		return uint64(fabric.OpDeliveryComplete)
-	case reaches:
-		return uint64(fabric.OpTransmitComplete)
-	}
-	return uint64(fabric.OpDeliveryComplete)
-}
