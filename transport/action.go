@@ -83,6 +83,9 @@ func (a *Action) AllowOverlap() *Action {
 // local bytes may be reused (FI_INJECT_COMPLETE), before the target has
 // them: a nil error from Submit then says nothing of the target's memory,
 // and a write the owner refuses (a closed buffer) is not reported to it.
+// Over tcp;ofi_rxm such a refusal drops the connection; the next ops to
+// that owner are posted again once rxm has connected anew, as after a
+// refusal that was reported.
 // It is for protocols in which the target answers each write, such as a
 // pingpong, where waiting for the write's own completion costs a message:
 // over tcp;ofi_rxm the owner acknowledges every write that asks for

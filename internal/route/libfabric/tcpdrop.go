@@ -27,6 +27,12 @@ import (
 type drop struct {
 	at      atomic.Int64 // UnixNano when a drop was seen; 0: none
 	healthy atomic.Int64 // UnixNano of the first success to the peer after it
+	// blind is when the last write to the peer that completed with
+	// FI_INJECT_COMPLETE did (UnixNano), 0 once an op begun after it
+	// succeeded: the owner may have refused that write and dropped the
+	// connection without a word to it, and an op that then fails on the
+	// connection is as much a victim as after a drop seen.
+	blind atomic.Int64
 }
 
 // dropRetryPause is the pause between attempts on a dropped connection:
@@ -118,14 +124,26 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 	for {
 		j := x.job
 		if len(j.Errs) == 0 {
-			if d.at.Load() != 0 { // the clock only after a drop: every tcp op comes here
-				d.ok(time.Now().UnixNano())
+			// The clock only after a drop, or an unacknowledged write:
+			// every tcp op comes here.
+			if d.at.Load() != 0 || d.blind.Load() != 0 {
+				now := time.Now().UnixNano()
+				d.ok(now)
+				if b := d.blind.Load(); b != 0 && attempt > b {
+					d.blind.CompareAndSwap(b, 0)
+				}
+			}
+			if j.Op == progress.Write && j.Flags&uint64(fabric.OpInjectComplete) != 0 {
+				d.blind.Store(time.Now().UnixNano())
 			}
 			return x, false, nil
 		}
 		now := time.Now().UnixNano()
 		if !connLost(j.Errs, false) {
 			return x, false, nil // other errors: they explain it
+		}
+		if b := d.blind.Load(); b != 0 && attempt > b && now-b < int64(staleConnWindow) && d.at.Load() < b {
+			d.at.Store(b) // the drop that write's refusal may have been
 		}
 		// A retry that fails otherwise than on the dead socket reached a
 		// live connection and lost it: its own key was rejected, most
