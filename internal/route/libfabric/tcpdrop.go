@@ -124,17 +124,18 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 	for {
 		j := x.job
 		if len(j.Errs) == 0 {
-			// The clock only after a drop, or an unacknowledged write:
-			// every tcp op comes here.
-			if d.at.Load() != 0 || d.blind.Load() != 0 {
+			// The clock only after a drop, or around an unacknowledged
+			// write: every tcp op comes here.
+			unacked := j.Op == progress.Write && j.Flags&uint64(fabric.OpInjectComplete) != 0
+			if d.at.Load() != 0 || d.blind.Load() != 0 || unacked {
 				now := time.Now().UnixNano()
 				d.ok(now)
 				if b := d.blind.Load(); b != 0 && attempt > b {
 					d.blind.CompareAndSwap(b, 0)
 				}
-			}
-			if j.Op == progress.Write && j.Flags&uint64(fabric.OpInjectComplete) != 0 {
-				d.blind.Store(time.Now().UnixNano())
+				if unacked {
+					d.blind.Store(now)
+				}
 			}
 			return x, false, nil
 		}
