@@ -170,6 +170,9 @@ func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed 
 		return 0, 0, err
 	}
 	dst, _ := s.remote.Slice(0, size)
+	// The server's answer is the proof that a write landed. The same
+	// op every round: Submit again.
+	write := cfg.Manager.NewAction().InjectComplete().WriteFrom(dst, send)
 	poll := pollRoute(cfg.Manager, s.Route)
 	var elapsed time.Duration
 	done := 0
@@ -182,7 +185,7 @@ func (s *Session) pingRounds(ctx context.Context, p *PingPongBuffer, size, seed 
 	for i := 1; i <= total; i++ {
 		mark := Marker(i)
 		send.Bytes()[size-1] = mark
-		if err := cfg.Manager.WriteFrom(ctx, dst, send); err != nil {
+		if err := write.Submit(ctx); err != nil {
 			return elapsed, done, err
 		}
 		if err := WaitByte(ctx, recv, mark, cfg.Timeout, poll, s.serverGone); err != nil {

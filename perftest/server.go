@@ -440,6 +440,9 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	if err != nil {
 		return err
 	}
+	// The client's next write is the proof that an answer landed. The
+	// same op every round: Submit again.
+	write := s.m.NewAction().InjectComplete().WriteFrom(dst, send)
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
 		if err := WaitByte(ctx, recv.Bytes(), mark, 10*time.Second, poll, clientGone(conn)); err != nil {
@@ -449,13 +452,14 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 			copy(send.Bytes(), recv.Bytes())
 		}
 		send.Bytes()[size-1] = mark
-		if err := s.m.WriteFrom(ctx, dst, send); err != nil {
+		if err := write.Submit(ctx); err != nil {
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 	}
 	// The next exchange starts from zeros: a marker left here could read
 	// as its first, before the client wrote it. The client wrote its last
-	// round (the loop saw it), and the last write back has landed.
+	// round (the loop saw it), and the last write back no longer needs
+	// its source (its completion said so).
 	clear(recv.Bytes())
 	clear(send.Bytes())
 	return nil
