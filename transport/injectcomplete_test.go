@@ -1,6 +1,7 @@
 package transport_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -98,5 +99,33 @@ func TestInjectCompleteRefusedWrite(t *testing.T) {
 			require.NoError(t, m.ReadInto(ctx, local, other), "the op after the refused write")
 			require.Equal(t, testpeer.Pattern(4096, 2), local.Bytes())
 		})
+	}
+}
+
+// TestStaleReadAfterInjectComplete: a read of a buffer its owner closed
+// fails with ErrStaleHandle after an InjectComplete write to another of
+// that owner's buffers, both at once and 90 ms later, late in the 100 ms
+// in which an op failing on the connection counts as a victim of that
+// write's possible refusal (and is posted again, to be refused again).
+func TestStaleReadAfterInjectComplete(t *testing.T) {
+	for _, prov := range providers {
+		for _, gap := range []time.Duration{0, 90 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/%v", prov, gap), func(t *testing.T) {
+				testenv.RequireRoute(t, prov)
+				m := newManager(t, transport.WithProviders(prov))
+				peer := testpeer.Start(t, prov)
+				closed := peer.Register(4096, mr.ReadWrite, 1)
+				live := peer.Register(4096, mr.ReadWrite, 2)
+				local := register(t, m, alloc(t, 4096), 0)
+				ctx := ctxTimeout(t, time.Minute)
+				require.NoError(t, m.ReadInto(ctx, local, closed)) // connected, owner verified
+				peer.CloseBuf(0)
+				src, err := local.Slice(0, 8)
+				require.NoError(t, err)
+				require.NoError(t, m.NewAction().InjectComplete().WriteFrom(live, src).Submit(ctx))
+				time.Sleep(gap) // the scenario's gap, not a wait for anything
+				require.ErrorIs(t, m.ReadInto(ctx, local, closed), transport.ErrStaleHandle)
+			})
+		}
 	}
 }

@@ -31,7 +31,7 @@ type drop struct {
 	// FI_INJECT_COMPLETE did (UnixNano), 0 once an op begun after it
 	// succeeded: the owner may have refused that write and dropped the
 	// connection without a word to it, and an op that then fails on the
-	// connection is as much a victim as after a drop seen.
+	// dead socket is as much a victim as after a drop seen (blindDrop).
 	blind atomic.Int64
 }
 
@@ -56,6 +56,36 @@ var staleConnWindow = func() time.Duration {
 func (d *drop) ok(now int64) {
 	if at := d.at.Load(); at != 0 && d.healthy.Load() <= at {
 		d.healthy.Store(now)
+	}
+}
+
+// sawUnacked records an unacknowledged write that completed at now,
+// unless a later one did already.
+func (d *drop) sawUnacked(now int64) {
+	for {
+		b := d.blind.Load()
+		if b >= now || d.blind.CompareAndSwap(b, now) {
+			return
+		}
+	}
+}
+
+// blindDrop records the drop that an unacknowledged write's refusal may
+// have been, for a first attempt begun at start (after that write
+// completed, with no drop seen since) that failed at now on a lost
+// connection: as seen just before the attempt, so that it and its
+// retries count as victims for the window from then, long enough for rxm
+// to connect again. Posted right after the write, the attempt is usually
+// in flight when the owner drops the connection (FI_ECANCELED), as an op
+// whose own key the owner refused is: such an op is posted once more,
+// refused again on the new connection, and its error stands then.
+func (d *drop) blindDrop(start, now int64) {
+	b := d.blind.Load()
+	if b == 0 || start <= b || now-b >= int64(staleConnWindow) {
+		return
+	}
+	if at := d.at.Load(); at < b {
+		d.at.CompareAndSwap(at, start-1)
 	}
 }
 
@@ -134,7 +164,7 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 					d.blind.CompareAndSwap(b, 0)
 				}
 				if unacked {
-					d.blind.Store(now)
+					d.sawUnacked(now)
 				}
 			}
 			return x, false, nil
@@ -143,13 +173,13 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 		if !connLost(j.Errs, false) {
 			return x, false, nil // other errors: they explain it
 		}
-		if b := d.blind.Load(); b != 0 && attempt > b && now-b < int64(staleConnWindow) && d.at.Load() < b {
-			d.at.Store(b) // the drop that write's refusal may have been
-		}
 		// A retry that fails otherwise than on the dead socket reached a
 		// live connection and lost it: its own key was rejected, most
 		// likely, and posting it again would only drop the next one.
 		onDead := connLost(j.Errs, true)
+		if tries == 0 {
+			d.blindDrop(attempt, now)
+		}
 		if tries > 0 && !onDead || !d.victim(attempt, now) {
 			d.saw(now)
 			return x, tries > 0 && onDead, nil
