@@ -642,7 +642,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	j := x.Job()
 	if o.op == progress.Write {
 		reaches := o.peer != nil && b.Provider == fabric.BackendSHM && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
-		j.Flags = b.WriteFlags(m.completion(o), o.peer != nil, reaches)
+		j.Flags = b.WriteFlags(b.Completion(m.cfg.transmitComplete, o.sourceFree), o.peer != nil, reaches)
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}
@@ -673,18 +673,6 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 		}
 	}
 	return nil
-}
-
-// completion is what the completion of write o must mean: the least its
-// action or its manager asked for.
-func (m *Manager) completion(o *opSpec) libfabric.Completion {
-	switch {
-	case o.sourceFree:
-		return libfabric.SourceFree
-	case m.cfg.transmitComplete:
-		return libfabric.Transmitted
-	}
-	return libfabric.Delivered
 }
 
 // shmPart is the most one shm job of an op covers; a longer op runs as

@@ -17,16 +17,30 @@ const (
 	SourceFree
 )
 
+// Completion is what a write on r must wait for when its manager asked
+// for transmit completion (transmit) and its action let it complete once
+// its source may be reused (sourceFree): SourceFree only over tcp;ofi_rxm,
+// where it spares each write the owner's acknowledgement (see
+// WriteFlags); elsewhere what the manager asked for, since nothing
+// measured there gains from it (docs/PERFORMANCE.md).
+func (r *Route) Completion(transmit, sourceFree bool) Completion {
+	switch {
+	case sourceFree && r.Provider == fabric.BackendTCP:
+		return SourceFree
+	case transmit:
+		return Transmitted
+	}
+	return Delivered
+}
+
 // WriteFlags is the completion flag of a write that asks for want, toward
 // an owner the kernel verified (verified) whom process_vm_readv reaches
 // (reaches).
 //
-//   - SourceFree on tcp;ofi_rxm is FI_INJECT_COMPLETE: the tcp provider
-//     answers every write that asks for transmit or delivery completion
-//     with an acknowledgement from the owner (xnet_set_ack_flags,
+//   - SourceFree is FI_INJECT_COMPLETE. The tcp provider answers every
+//     write that asks for transmit or delivery completion with an
+//     acknowledgement from the owner (xnet_set_ack_flags,
 //     prov/tcp/src/xnet.h), a message back and a system call on each side.
-//     On the other providers a SourceFree write completes as a Delivered
-//     one: measured, nothing there gains from it (docs/PERFORMANCE.md).
 //   - Transmitted is FI_TRANSMIT_COMPLETE.
 //   - On shm, a verified owner that process_vm_readv reaches gets
 //     FI_TRANSMIT_COMPLETE: shm's single copy lands the bytes before it
@@ -34,7 +48,7 @@ const (
 //   - Otherwise FI_DELIVERY_COMPLETE.
 func (r *Route) WriteFlags(want Completion, verified, reaches bool) uint64 {
 	switch {
-	case want == SourceFree && r.Provider == fabric.BackendTCP:
+	case want == SourceFree:
 		return uint64(fabric.OpInjectComplete)
 	case want == Transmitted:
 		return uint64(fabric.OpTransmitComplete)

@@ -8,8 +8,9 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 )
 
-// TestWriteFlags: the completion flag each ask gets, provider by
-// provider, where it does not depend on shm's single copy.
+// TestWriteFlags: the completion flag of a write, provider by provider,
+// from what its manager (transmit) and its action (source free) asked
+// for, where it does not depend on shm's single copy.
 func TestWriteFlags(t *testing.T) {
 	tcp := &Route{Provider: fabric.BackendTCP}
 	shm := &Route{Provider: fabric.BackendSHM}
@@ -20,19 +21,22 @@ func TestWriteFlags(t *testing.T) {
 		inject   = uint64(fabric.OpInjectComplete)
 	)
 	for _, tt := range []struct {
-		name string
-		r    *Route
-		want Completion
-		flag uint64
+		name                 string
+		r                    *Route
+		transmit, sourceFree bool
+		flag                 uint64
 	}{
-		{"tcp, delivered", tcp, Delivered, delivery},
-		{"tcp, transmitted", tcp, Transmitted, transmit},
-		{"tcp, source free: no acknowledgement", tcp, SourceFree, inject},
-		{"efa, transmitted", efa, Transmitted, transmit},
-		{"efa, source free: as delivered", efa, SourceFree, delivery},
-		{"shm, transmitted", shm, Transmitted, transmit},
-		{"shm unverified, source free: as delivered", shm, SourceFree, delivery},
+		{"tcp", tcp, false, false, delivery},
+		{"tcp, transmit", tcp, true, false, transmit},
+		{"tcp, source free: no acknowledgement", tcp, false, true, inject},
+		{"tcp, transmit and source free", tcp, true, true, inject},
+		{"efa, transmit", efa, true, false, transmit},
+		{"efa, source free: as without", efa, false, true, delivery},
+		{"efa, transmit and source free: as transmit", efa, true, true, transmit},
+		{"shm, transmit", shm, true, false, transmit},
+		{"shm unverified, source free: as without", shm, false, true, delivery},
+		{"shm, transmit and source free: as transmit", shm, true, true, transmit},
 	} {
-		assert.Equal(t, tt.flag, tt.r.WriteFlags(tt.want, false, false), tt.name)
+		assert.Equal(t, tt.flag, tt.r.WriteFlags(tt.r.Completion(tt.transmit, tt.sourceFree), false, false), tt.name)
 	}
 }
