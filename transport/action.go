@@ -81,9 +81,11 @@ func (a *Action) AllowOverlap() *Action {
 
 // InjectComplete lets this action's writes complete as soon as their
 // local bytes may be reused (FI_INJECT_COMPLETE), before the target has
-// them: a nil error from Submit then says nothing of the target's memory,
-// and a write the owner refuses (a closed buffer) is not reported to it.
-// Over tcp;ofi_rxm such a refusal drops the connection; the next ops to
+// them: a nil error from Submit then says nothing of the target's memory.
+// A write the owner refuses (a closed buffer), or that a lost connection
+// takes with it (the owner's death, a link down), is not reported to it,
+// and a rail that stops carrying data goes unnoticed through such writes.
+// Over tcp;ofi_rxm a refusal drops the connection; the ops after it to
 // that owner are posted again once rxm has connected anew, as after a
 // refusal that was reported.
 // It is for protocols in which the target answers each write, such as a

@@ -488,9 +488,10 @@ const plainWriteMin = 64 << 10
 
 // second reports whether r, a row of ours, is also compared with a second
 // peer tool: a write from plainWriteMin with fi_rma_bw without -U; a
-// pingpong with fi_rma_pingpong -U -j 0, an RMA write pingpong as ours
-// (each write delivery complete, with a completion: on tcp the target
-// acknowledges it), where fabtests has it (from libfabric 1.21).
+// pingpong with fi_rma_pingpong -U -j 0, an RMA write pingpong whose
+// writes are each delivery complete, with a completion (on tcp the target
+// acknowledges each; ours ask only that the source may be reused, and
+// take no acknowledgement), where fabtests has it (from libfabric 1.21).
 // fi_rdm_pingpong, the first, sends messages.
 func (p *peerTools) second(r perftest.Row) bool {
 	switch {
@@ -541,10 +542,12 @@ func (p *peerTools) command(r perftest.Row, second bool) (tool string, args []st
 	// The peer tool's writes as ours (unless it is the second for writes:
 	// fi_rma_bw as fabtests runs it by default).
 	if p.fabtestsDir != "" && (r.Op == "write" && !second || r.Op == "pingpong" && second) {
-		// fitransfer's writes are each delivery complete and signaled.
-		// -U alone does not make fabtests' the same: they post writes
-		// under the inject size with fi_inject_write, which has no
-		// completion at all; -j 0 turns that off.
+		// fitransfer's writes are each delivery complete and signaled
+		// (the pingpong's are signaled, and complete once their source
+		// may be reused: fi_rma_pingpong has no such option). -U alone
+		// does not make fabtests' the same: they post writes under the
+		// inject size with fi_inject_write, which has no completion at
+		// all; -j 0 turns that off.
 		args = append(args, "-U", "-j", "0")
 		name += " -U -j 0"
 	}

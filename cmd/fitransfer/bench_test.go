@@ -367,7 +367,7 @@ func TestBenchRailsFlags(t *testing.T) {
 // each signaled) and, from 64 KiB, also without -U, as fabtests measures
 // by default; reads without -U; mem and cma rows against shm; pingpongs
 // with fi_rdm_pingpong and, where fabtests has it, fi_rma_pingpong with
-// -U -j 0.
+// -U -j 0 (the RMA pingpong with acknowledged writes that is nearest).
 func TestPeerCommands(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "fi_rma_pingpong"), nil, 0o755))
