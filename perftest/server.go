@@ -440,8 +440,12 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 	if err != nil {
 		return err
 	}
-	// The client's next write is the proof that an answer landed. The
-	// same op every round: Submit again.
+	// The client's next write is the proof that an answer landed, so
+	// answers ask only that their source may be reused: over tcp the
+	// client's provider then refuses one into a closed or forged buffer
+	// without a word. The first is delivery complete, and such a client
+	// is told at once. The same ops every round: Submit again.
+	first := s.m.NewAction().WriteFrom(dst, send)
 	write := s.m.NewAction().InjectComplete().WriteFrom(dst, send)
 	for i := 1; i <= msg.Iters; i++ {
 		mark := Marker(i)
@@ -452,7 +456,11 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 			copy(send.Bytes(), recv.Bytes())
 		}
 		send.Bytes()[size-1] = mark
-		if err := write.Submit(ctx); err != nil {
+		a := write
+		if i == 1 {
+			a = first
+		}
+		if err := a.Submit(ctx); err != nil {
 			return fmt.Errorf("pingpong %d: %w", i, err)
 		}
 	}

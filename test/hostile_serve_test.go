@@ -279,3 +279,26 @@ func TestServeRefusesForgedPingPongs(t *testing.T) {
 		})
 	}
 }
+
+// TestServeTellsPingPongIntoClosedBuffer: a tcp pingpong whose client
+// closed the buffer its hello names ends with serve's error, not Done:
+// serve's answers take no acknowledgement (Action.InjectComplete), and
+// the client's provider would refuse them all without a word.
+func TestServeTellsPingPongIntoClosedBuffer(t *testing.T) {
+	addr := startLocalServer(t, "--size", "1m")
+	client := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(5*time.Second))
+	mine, _ := register(t, client, 4096, mr.ReadWrite)
+	h, err := mine.Remote().MarshalBinary()
+	require.NoError(t, err)
+	c, server := hello(t, addr, client, bootstrap.ModePingPong, h)
+	require.NoError(t, mine.Close())
+	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: 8, Iters: 1}))
+	ping, pingMem := register(t, client, 8, 0)
+	pingMem[7] = perftest.Marker(1)
+	head, err := server.Slice(0, 8)
+	require.NoError(t, err)
+	require.NoError(t, client.WriteFrom(context.Background(), head, ping), "the ping")
+	_, err = c.Expect(bootstrap.TypeDone, 15*time.Second)
+	require.Error(t, err, "serve said it answered a pingpong into a closed buffer")
+	assert.Contains(t, err.Error(), "stale or altered handle")
+}
