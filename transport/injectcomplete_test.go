@@ -1,6 +1,9 @@
 package transport_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -70,35 +73,82 @@ func TestInjectCompleteWrites(t *testing.T) {
 // a buffer its owner closed returns nil over tcp;ofi_rxm, as
 // Action.InjectComplete documents (the owner's provider refuses it after
 // the write completed), and fails with ErrStaleHandle over the same-node
-// routes, which complete as without InjectComplete. Either way the next
-// op, a read of another buffer of that owner, gets its bytes, although
-// over tcp the refusal dropped the connection it was about to take.
+// routes, which complete as without InjectComplete. Either way the reads
+// right after it of another buffer of that owner get their bytes —
+// one read, four at once, an action of 64 — although over tcp the
+// refusal dropped the connection they were about to take.
 func TestInjectCompleteRefusedWrite(t *testing.T) {
-	for _, prov := range providers {
-		t.Run(prov, func(t *testing.T) {
-			testenv.RequireRoute(t, prov)
-			m := newManager(t, transport.WithProviders(prov))
-			peer := testpeer.Start(t, prov)
-			h := peer.Register(4096, mr.ReadWrite, 1)
-			other := peer.Register(4096, mr.ReadWrite, 2)
-			local := register(t, m, alloc(t, 4096), 0)
-			ctx := ctxTimeout(t, time.Minute)
-			src, err := local.Slice(0, 8)
-			require.NoError(t, err)
-			copy(src.Bytes(), "refused!")
-			// The first op connects (and on the same-node routes verifies the
-			// owner), so that the refusal is the closed buffer's.
-			require.NoError(t, m.NewAction().InjectComplete().WriteFrom(h, src).Submit(ctx))
-			peer.CloseBuf(0)
-			err = m.NewAction().InjectComplete().WriteFrom(h, src).Submit(ctx)
-			if prov == testenv.RouteTCP {
-				require.NoError(t, err)
-			} else {
-				require.ErrorIs(t, err, transport.ErrStaleHandle)
+	const n = 4096
+	want := testpeer.Pattern(n, 1)
+	next := []struct {
+		name string
+		run  func(t *testing.T, m *transport.Manager, other transport.RemoteBuffer) error
+	}{
+		{"a read", func(t *testing.T, m *transport.Manager, other transport.RemoteBuffer) error {
+			local := register(t, m, alloc(t, n), 0)
+			if err := m.ReadInto(context.Background(), local, other); err != nil {
+				return err
 			}
-			require.NoError(t, m.ReadInto(ctx, local, other), "the op after the refused write")
-			require.Equal(t, testpeer.Pattern(4096, 2), local.Bytes())
-		})
+			require.Equal(t, want, local.Bytes())
+			return nil
+		}},
+		{"4 reads at once", func(t *testing.T, m *transport.Manager, other transport.RemoteBuffer) error {
+			errs := make(chan error, 4)
+			for range 4 {
+				local := register(t, m, alloc(t, n), 0)
+				go func() {
+					err := m.ReadInto(context.Background(), local, other)
+					if err == nil && !bytes.Equal(want, local.Bytes()) {
+						err = fmt.Errorf("a read got other bytes")
+					}
+					errs <- err
+				}()
+			}
+			return errors.Join(<-errs, <-errs, <-errs, <-errs)
+		}},
+		{"an action of 64 reads", func(t *testing.T, m *transport.Manager, other transport.RemoteBuffer) error {
+			local := register(t, m, alloc(t, n), 0)
+			a := m.NewAction()
+			for k := uint64(0); k < 64; k++ {
+				dst, err := local.Slice(k*64, 64)
+				require.NoError(t, err)
+				src, err := other.Slice(k*64, 64)
+				require.NoError(t, err)
+				a.ReadInto(dst, src)
+			}
+			if err := a.Submit(context.Background()); err != nil {
+				return err
+			}
+			require.Equal(t, want, local.Bytes())
+			return nil
+		}},
+	}
+	for _, prov := range providers {
+		for _, nx := range next {
+			t.Run(prov+"/"+nx.name, func(t *testing.T) {
+				testenv.RequireRoute(t, prov)
+				m := newManager(t, transport.WithProviders(prov))
+				peer := testpeer.Start(t, prov)
+				other := peer.Register(n, mr.ReadWrite, 1)
+				h := peer.Register(n, mr.ReadWrite, 2)
+				local := register(t, m, alloc(t, n), 0)
+				ctx := ctxTimeout(t, time.Minute)
+				src, err := local.Slice(0, 8)
+				require.NoError(t, err)
+				copy(src.Bytes(), "refused!")
+				// The first op connects (and on the same-node routes verifies
+				// the owner), so that the refusal is the closed buffer's.
+				require.NoError(t, m.NewAction().InjectComplete().WriteFrom(h, src).Submit(ctx))
+				peer.CloseBuf(1)
+				err = m.NewAction().InjectComplete().WriteFrom(h, src).Submit(ctx)
+				if prov == testenv.RouteTCP {
+					require.NoError(t, err)
+				} else {
+					require.ErrorIs(t, err, transport.ErrStaleHandle)
+				}
+				require.NoError(t, nx.run(t, m, other), "the ops after the refused write")
+			})
+		}
 	}
 }
 

@@ -84,9 +84,25 @@ func (d *drop) blindDrop(start, now int64) {
 	if b == 0 || start <= b || now-b >= int64(staleConnWindow) {
 		return
 	}
-	if at := d.at.Load(); at < b {
-		d.at.CompareAndSwap(at, start-1)
+	// The earliest such attempt sets it: several in flight at once fail
+	// in any order, and each must find itself after the drop.
+	for {
+		at := d.at.Load()
+		if at >= b && at < start || d.at.CompareAndSwap(at, start-1) {
+			return
+		}
 	}
+}
+
+// back reports whether an op whose first attempt began at start, after
+// the last drop, failed on the connection that drop left dead while a
+// success since shows that rxm has connected again: it goes again at
+// once, with no pause, no dial of the owner and no window (an action's
+// ops in flight at the drop fail together and are redone one by one).
+func (d *drop) back(start int64) bool {
+	at := d.at.Load()
+	h := d.healthy.Load()
+	return at != 0 && start > at && h > at && start < h
 }
 
 // saw records a drop seen at now, unless it belongs to the drop already
@@ -160,7 +176,7 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 			if d.at.Load() != 0 || d.blind.Load() != 0 || unacked {
 				now := time.Now().UnixNano()
 				d.ok(now)
-				if b := d.blind.Load(); b != 0 && attempt > b {
+				if b := d.blind.Load(); !unacked && b != 0 && attempt > b {
 					d.blind.CompareAndSwap(b, 0)
 				}
 				if unacked {
@@ -180,11 +196,12 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 		if tries == 0 {
 			d.blindDrop(attempt, now)
 		}
-		if tries > 0 && !onDead || !d.victim(attempt, now) {
+		back := tries == 0 && d.back(attempt)
+		if !back && (tries > 0 && !onDead || !d.victim(attempt, now)) {
 			d.saw(now)
 			return x, tries > 0 && onDead, nil
 		}
-		if tries == 0 {
+		if tries == 0 && !back {
 			// The connection was lost at the drop: a dial aliveRecheck
 			// after it, as here after a rejection that Explain has
 			// explained, need not wait.
@@ -193,7 +210,7 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 				return x, false, nil // the owner is gone, or cannot be asked: Explain says so
 			}
 		}
-		if time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
+		if !back && (time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause)) {
 			return x, true, nil
 		}
 		attempt, tries = time.Now().UnixNano(), tries+1
