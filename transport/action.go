@@ -85,9 +85,9 @@ func (a *Action) AllowOverlap() *Action {
 // A write the owner refuses (a closed buffer), or that a lost connection
 // takes with it (the owner's death, a link down), is not reported to it,
 // and a rail that stops carrying data goes unnoticed through such writes.
-// Over tcp;ofi_rxm a refusal drops the connection; the ops after it to
-// that owner are posted again once rxm has connected anew, as after a
-// refusal that was reported.
+// Over tcp;ofi_rxm a refusal drops the connection: ops to that owner
+// begun after the write completed that fail on it are posted again once
+// rxm has connected anew.
 // It is for protocols in which the target answers each write, such as a
 // pingpong, where waiting for the write's own completion costs a message:
 // over tcp;ofi_rxm the owner acknowledges every write that asks for

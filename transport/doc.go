@@ -99,9 +99,10 @@
 // already lost to an owner that still listens (the next ones after a
 // refusal, until rxm reconnects) is posted again until it reaches the new
 // connection; one still failing so has no class and is retryable. A write
-// of an Action set to InjectComplete gets none of the tcp;ofi_rxm cells:
-// it returns nil once its bytes are in the socket, whatever the owner
-// makes of them. A mem
+// of an Action set to InjectComplete returns nil once its bytes are in the
+// socket: the owner's refusal, or a connection lost after that, is not
+// reported to it (one posted to a connection already lost, or flushed
+// before it was sent, fails as above). A mem
 // op that finds its link to a live owner ended before it copied (another
 // op's request on the link failed, this manager verified the owner again,
 // or the owner replaced its shm endpoint) moved nothing and is routed
