@@ -86,8 +86,10 @@ func (a *Action) AllowOverlap() *Action {
 // takes with it (the owner's death, a link down), is not reported to it,
 // and a rail that stops carrying data goes unnoticed through such writes.
 // Over tcp;ofi_rxm a refusal drops the connection: ops to that owner
-// begun after the write completed that fail on it are posted again once
-// rxm has connected anew.
+// begun after the write completed that fail on it are posted again, one
+// at a time and a millisecond apart, for up to 100 ms, until rxm has
+// connected anew; an action of many such ops may fail in part, retryable
+// (docs/RELIABILITY.md).
 // It is for protocols in which the target answers each write, such as a
 // pingpong, where waiting for the write's own completion costs a message:
 // over tcp;ofi_rxm the owner acknowledges every write that asks for

@@ -94,17 +94,6 @@ func (d *drop) blindDrop(start, now int64) {
 	}
 }
 
-// back reports whether an op whose first attempt began at start, after
-// the last drop, failed on the connection that drop left dead while a
-// success since shows that rxm has connected again: it goes again at
-// once, with no pause, no dial of the owner and no window (an action's
-// ops in flight at the drop fail together and are redone one by one).
-func (d *drop) back(start int64) bool {
-	at := d.at.Load()
-	h := d.healthy.Load()
-	return at != 0 && start > at && h > at && start < h
-}
-
 // saw records a drop seen at now, unless it belongs to the drop already
 // recorded (one within the window and not yet followed by a success).
 func (d *drop) saw(now int64) {
@@ -196,12 +185,11 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 		if tries == 0 {
 			d.blindDrop(attempt, now)
 		}
-		back := tries == 0 && d.back(attempt)
-		if !back && (tries > 0 && !onDead || !d.victim(attempt, now)) {
+		if tries > 0 && !onDead || !d.victim(attempt, now) {
 			d.saw(now)
 			return x, tries > 0 && onDead, nil
 		}
-		if tries == 0 && !back {
+		if tries == 0 {
 			// The connection was lost at the drop: a dial aliveRecheck
 			// after it, as here after a rejection that Explain has
 			// explained, need not wait.
@@ -210,7 +198,7 @@ func (r *Route) RedoAfterDrop(ctx context.Context, x *Xfer, start, deadline time
 				return x, false, nil // the owner is gone, or cannot be asked: Explain says so
 			}
 		}
-		if !back && (time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause)) {
+		if time.Now().Add(dropRetryPause).After(deadline) || !sleepCtx(ctx, dropRetryPause) {
 			return x, true, nil
 		}
 		attempt, tries = time.Now().UnixNano(), tries+1
