@@ -138,22 +138,15 @@ func TestInjectCompleteRefusedWrite(t *testing.T) {
 
 // TestStaleReadAfterInjectComplete: a read of a buffer its owner closed
 // fails with ErrStaleHandle after an InjectComplete write to another of
-// that owner's buffers, both at once and 90 ms later, late in the 100 ms
+// that owner's buffers, at once and 90 and 97 ms later, late in the 100 ms
 // in which an op failing on the connection counts as a victim of that
 // write's possible refusal (and is posted again, to be refused again).
 func TestStaleReadAfterInjectComplete(t *testing.T) {
 	for _, prov := range providers {
-		for _, gap := range []time.Duration{0, 90 * time.Millisecond} {
+		for _, gap := range []time.Duration{0, 90 * time.Millisecond, 97 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%s/%v", prov, gap), func(t *testing.T) {
-				testenv.RequireRoute(t, prov)
-				m := newManager(t, transport.WithProviders(prov))
-				peer := testpeer.Start(t, prov)
-				closed := peer.Register(4096, mr.ReadWrite, 1)
-				live := peer.Register(4096, mr.ReadWrite, 2)
-				local := register(t, m, alloc(t, 4096), 0)
+				m, live, closed, local := ownerWithClosedBuffer(t, prov)
 				ctx := ctxTimeout(t, time.Minute)
-				require.NoError(t, m.ReadInto(ctx, local, closed)) // connected, owner verified
-				peer.CloseBuf(0)
 				src, err := local.Slice(0, 8)
 				require.NoError(t, err)
 				require.NoError(t, m.NewAction().InjectComplete().WriteFrom(live, src).Submit(ctx))
@@ -172,16 +165,9 @@ func TestStaleOpBesideLiveOne(t *testing.T) {
 	for _, prov := range providers {
 		for _, gap := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%s/%v", prov, gap), func(t *testing.T) {
-				testenv.RequireRoute(t, prov)
-				m := newManager(t, transport.WithProviders(prov))
-				peer := testpeer.Start(t, prov)
-				live := peer.Register(4096, mr.ReadWrite, 1)
-				closed := peer.Register(4096, mr.ReadWrite, 2)
+				m, live, closed, l2 := ownerWithClosedBuffer(t, prov)
 				l1 := register(t, m, alloc(t, 4096), 0)
-				l2 := register(t, m, alloc(t, 4096), 0)
 				ctx := ctxTimeout(t, time.Minute)
-				require.NoError(t, m.ReadInto(ctx, l2, closed)) // connected, owner verified
-				peer.CloseBuf(1)
 				require.ErrorIs(t, m.ReadInto(ctx, l2, closed), transport.ErrStaleHandle)
 				time.Sleep(gap) // the scenario's gap, not a wait for anything
 				err := m.NewAction().ReadInto(l1, live).ReadInto(l2, closed).Submit(ctx)
@@ -189,4 +175,21 @@ func TestStaleOpBesideLiveOne(t *testing.T) {
 			})
 		}
 	}
+}
+
+// ownerWithClosedBuffer starts a peer on prov with two 4 KiB buffers, and
+// a manager forced onto prov with one of its own (local): it reads the
+// second (closed) once, which connects (and on the same-node routes
+// verifies the owner), and then has the peer close it; the first (live)
+// stays.
+func ownerWithClosedBuffer(t *testing.T, prov string) (m *transport.Manager, live, closed transport.RemoteBuffer, local *transport.Buffer) {
+	testenv.RequireRoute(t, prov)
+	m = newManager(t, transport.WithProviders(prov))
+	peer := testpeer.Start(t, prov)
+	live = peer.Register(4096, mr.ReadWrite, 1)
+	closed = peer.Register(4096, mr.ReadWrite, 2)
+	local = register(t, m, alloc(t, 4096), 0)
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, closed))
+	peer.CloseBuf(1)
+	return m, live, closed, local
 }
