@@ -21,8 +21,10 @@ const (
 // for transmit completion (transmit) and its action let it complete once
 // its source may be reused (sourceFree): SourceFree only over tcp;ofi_rxm,
 // where it spares each write the owner's acknowledgement (see
-// WriteFlags); elsewhere what the manager asked for: on shm nothing
-// measured gains from it (docs/PERFORMANCE.md), and efa is unmeasured.
+// WriteFlags); elsewhere what the manager asked for. On shm it would end
+// a write's mark, which the owner's Close waits for, before the owner's
+// provider has copied a write above the inline size (docs/PERFORMANCE.md);
+// efa is unmeasured.
 func (r *Route) Completion(transmit, sourceFree bool) Completion {
 	switch {
 	case sourceFree && r.Provider == fabric.BackendTCP:
