@@ -128,8 +128,8 @@ func startRawPeer(b *testing.B, test, env, prov string) (io.WriteCloser, *bufio.
 // pingWriteFlags is the completion fitransfer's pingpong writes ask for
 // (transport.Action.InjectComplete): over tcp;ofi_rxm only that the
 // source may be reused, which spares each write the owner's
-// acknowledgement; over shm that changes nothing, and they stay delivery
-// complete.
+// acknowledgement; over shm InjectComplete leaves them delivery complete
+// (docs/PERFORMANCE.md says why).
 func pingWriteFlags(prov string) OpFlags {
 	if prov == "tcp;ofi_rxm" {
 		return OpInjectComplete
