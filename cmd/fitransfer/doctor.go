@@ -10,8 +10,6 @@ import (
 	"github.com/fitransfer/fitransfer/internal/doctor"
 )
 
-func maybeRunChild() (bool, int) { return doctor.MaybeRunCMAChild() }
-
 // doctorOptions are doctor's flags.
 type doctorOptions struct {
 	asJSON        bool

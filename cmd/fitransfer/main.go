@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/internal/doctor"
+	"github.com/fitransfer/fitransfer/internal/floor"
 )
 
 // exit statuses shared by every command.
@@ -64,6 +66,21 @@ func flagSet[T any](build func() (*flag.FlagSet, T)) func() *flag.FlagSet {
 // testFlagsOf is the flag constructor of read, write or pingpong.
 func testFlagsOf(name, mode string) func() *flag.FlagSet {
 	return flagSet(func() (*flag.FlagSet, *testFlags) { return testFlagSet(name, mode) })
+}
+
+// maybeRunChild runs this process as the child another fitransfer
+// process started, and reports whether it did and its exit status:
+// doctor's CMA probe target, or bench's floor peer (internal/floor).
+func maybeRunChild() (bool, int) {
+	if handled, code := doctor.MaybeRunCMAChild(); handled {
+		return true, code
+	}
+	handled, err := floor.ServePeer()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fitransfer (bench's floor peer):", err)
+		return true, exitFail
+	}
+	return handled, exitOK
 }
 
 func main() {
