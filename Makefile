@@ -81,17 +81,18 @@ demo: build
 # fi_pingpong always; fabtests' fi_rma_bw and fi_rdm_pingpong (and
 # fi_rma_pingpong, fabtests 1.21 on) when FABTESTS_BIN names a directory
 # holding them; then 8 B reads and writes one at a time (window 1) next
-# to fi_rma_bw -W 1. Then, as root, tcp over
+# to fi_rma_bw -W 1. The 8 B pingpong and window-1 rows over shm and tcp
+# are also paired with their floor: the same ops on raw endpoints, no
+# engine (internal/floor). Then, as root, tcp over
 # 1 and over 4 rate-limited links between two network namespaces (bench
-# --rails, docs/PERFORMANCE.md). Then the Go benchmarks, and the floor
-# under the shm and tcp pingpongs: raw endpoints, no engine.
+# --rails, docs/PERFORMANCE.md). Then the Go benchmarks.
 bench: build
 	./$(BIN) bench --compare --repeat 3
 	./$(BIN) bench --compare --repeat 3 -S 8 -W 1 --ops read,write --idle 0
 	if [ "$$(id -u)" = 0 ]; then ./$(BIN) bench --rails 4 --repeat 3; \
 	else echo "make bench: skipping bench --rails 4 (network namespaces need root)"; fi
 	$(GO) test -run '^$$' -bench . -benchmem ./transport/
-	$(GO) test -run '^$$' -bench 'RawPingPong|RawOneAtATime|IdleReap' -count 3 ./internal/ofi/
+	$(GO) test -run '^$$' -bench 'IdleReap' -count 3 ./internal/ofi/
 
 # The reliability runs (docs/RELIABILITY.md): a minute of random
 # transfers with every byte checked, plus 100,000 registrations; and each

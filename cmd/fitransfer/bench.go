@@ -23,6 +23,8 @@ import (
 
 	"github.com/fitransfer/fitransfer/bootstrap"
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/floor"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/perftest"
 	"github.com/fitransfer/fitransfer/transport"
 )
@@ -80,7 +82,7 @@ func benchFlags() (*flag.FlagSet, *benchOptions) {
 	fs.IntVar(&o.window, "W", 64, "window for read and write")
 	fs.StringVar(&o.ops, "ops", "read,write,pingpong", "tests to run")
 	fs.BoolVar(&o.asCSV, "csv", false, "print CSV")
-	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), and fi_rma_bw / fi_rdm_pingpong / fi_rma_pingpong (fabtests 1.21 on) from $FABTESTS_BIN")
+	fs.BoolVar(&o.compare, "compare", false, "run the peer tools too, side by side: fi_pingpong (libfabric-bin), fi_rma_bw / fi_rdm_pingpong / fi_rma_pingpong (fabtests 1.21 on) from $FABTESTS_BIN, and for 8 B pingpongs and window-1 reads and writes over shm and tcp the floor under them (raw endpoints, no engine)")
 	fs.StringVar(&o.fabtests, "fabtests", os.Getenv("FABTESTS_BIN"), "directory holding fabtests' fi_rma_bw and fi_rdm_pingpong")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "deadline of each transfer and of each peer tool run")
 	fs.DurationVar(&o.idle, "idle", 10*time.Second, "after the table, measure over this idle span the CPU of a manager with default options, and per route the first 8 B read after each fifth of it (lines after the table; behind \"# \" with --csv); 0 skips it")
@@ -123,7 +125,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	var peers *peerTools
 	if o.compare {
-		peers = &peerTools{fabtestsDir: o.fabtests, warmup: o.warmup, window: o.window, timeout: o.timeout}
+		exe, err := os.Executable()
+		if err != nil {
+			return fail(stderr, "bench", err)
+		}
+		peers = &peerTools{fabtestsDir: o.fabtests, warmup: o.warmup, window: o.window, timeout: o.timeout, exe: exe}
 	}
 	for _, prov := range provs {
 		r, err := benchProvider(ctx, prov, strings.Split(o.ops, ","), sz, o.iters, o.warmup, o.window, o.repeat, o.timeout, peers, stderr)
@@ -220,6 +226,7 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 		var ours [][]perftest.Row
 		var theirs [][]peerResult
 		var second [][]peerResult // a second peer tool, for some rows (peerTools.second)
+		var floors [][]peerResult // the raw-endpoint floor, for some rows (peerTools.hasFloor)
 		for i := 0; i < repeat; i++ {
 			r, err := benchOnce(ctx, prov, mode, sizes, iters, warmup, window, timeout, stderr)
 			if err != nil {
@@ -233,21 +240,26 @@ func benchProvider(ctx context.Context, prov string, ops []string, sizes []uint6
 			}
 			ours = append(ours, r)
 			if peers != nil {
-				pr, pl := make([]peerResult, len(r)), make([]peerResult, len(r))
+				pr, pl, pf := make([]peerResult, len(r)), make([]peerResult, len(r)), make([]peerResult, len(r))
 				for k := range r {
 					pr[k] = peers.run(ctx, r[k], false)
 					if peers.second(r[k]) {
 						pl[k] = peers.run(ctx, r[k], true)
 					}
+					if peers.hasFloor(r[k]) {
+						pf[k] = peers.runFloor(ctx, r[k])
+					}
 				}
-				theirs, second = append(theirs, pr), append(second, pl)
+				theirs, second, floors = append(theirs, pr), append(second, pl), append(floors, pf)
 			}
 		}
 		rows = append(rows, aggregate(ours, theirs)...)
 		if peers != nil {
-			for _, row := range aggregate(ours, second) {
-				if row.Peer != "" {
-					rows = append(rows, row)
+			for _, extra := range [][][]peerResult{second, floors} {
+				for _, row := range aggregate(ours, extra) {
+					if row.Peer != "" {
+						rows = append(rows, row)
+					}
 				}
 			}
 		}
@@ -471,6 +483,7 @@ type peerTools struct {
 	fabtestsDir    string
 	warmup, window int
 	timeout        time.Duration
+	exe            string // this program, which the floor starts as its peer (floor.ServePeer)
 }
 
 // peerResult is one run of a peer tool; tool is empty when no peer tool
@@ -504,6 +517,43 @@ func (p *peerTools) second(r perftest.Row) bool {
 		return err == nil
 	}
 	return false
+}
+
+// floorName is how the table names the raw-endpoint floor.
+const floorName = "raw floor (internal/floor)"
+
+// hasFloor reports whether r, a row of ours, is also compared with the
+// floor under it: 8 B window-1 reads and writes, and 8 B pingpongs, over
+// shm and tcp;ofi_rxm. The same ops on raw endpoints with no engine
+// (internal/floor): ours over it is what the engine costs, in the same
+// run.
+func (p *peerTools) hasFloor(r perftest.Row) bool {
+	return r.Bytes == 8 && (r.Provider == string(fabric.BackendSHM) || r.Provider == string(fabric.BackendTCP)) &&
+		(r.Op == "pingpong" || r.Window == 1 && (r.Op == "read" || r.Op == "write"))
+}
+
+// runFloor measures the floor under r (hasFloor), with r's iterations.
+func (p *peerTools) runFloor(ctx context.Context, r perftest.Row) peerResult {
+	usec, err := floor.Measure(ctx, p.exe, nil, r.Provider, floor.Test(r.Op), r.Iters, floorFlags(r))
+	if err != nil {
+		return peerResult{tool: floorName, err: err}
+	}
+	return peerResult{tool: floorName, mbps: float64(r.Bytes) / usec, usec: usec}
+}
+
+// floorFlags is the completion fitransfer's writes of r ask for
+// (libfabric.Route.Completion and WriteFlags): a pingpong's over
+// tcp;ofi_rxm, only that the source may be reused
+// (Action.InjectComplete); over shm on libfabric 1.x, where the
+// initiator copies itself, transmit complete; else delivery complete.
+func floorFlags(r perftest.Row) fabric.OpFlags {
+	switch {
+	case r.Op == "pingpong" && r.Provider == string(fabric.BackendTCP):
+		return fabric.OpInjectComplete
+	case r.Provider == string(fabric.BackendSHM) && libfabric.SingleCopy():
+		return fabric.OpTransmitComplete
+	}
+	return fabric.OpDeliveryComplete
 }
 
 // run measures with the peer tool what r measured; second: with the

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/perftest"
 )
@@ -149,7 +150,8 @@ func TestBenchComparesWithThePeerTool(t *testing.T) {
 }
 
 // TestBenchPingPongNextToFiPingpong runs the pingpong row next to the
-// real fi_pingpong (libfabric-bin).
+// real fi_pingpong (libfabric-bin) and to the raw-endpoint floor under it
+// (internal/floor, this test binary as its peer).
 func TestBenchPingPongNextToFiPingpong(t *testing.T) {
 	t.Setenv(asCLI, "1")
 	t.Setenv("FABTESTS_BIN", "")
@@ -157,21 +159,54 @@ func TestBenchPingPongNextToFiPingpong(t *testing.T) {
 		"--compare", "--timeout", "30s", "--idle", "0")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2, out)
-	f := strings.Fields(lines[1])
-	require.Len(t, f, 14, "a row with the peer's figures and a ratio: %q", lines[1])
-	assert.Equal(t, []string{"shm", "pingpong", "8", "fi_pingpong"}, []string{f[0], f[1], f[2], f[10]})
-	var x [3]float64
-	for i, v := range []string{f[5], f[11], f[13]} { // MB/sec, peer MB/sec, ratio
-		var err error
-		x[i], err = strconv.ParseFloat(v, 64)
-		require.NoError(t, err, lines[1])
+	require.Len(t, lines, 3, out)
+	for i, peer := range [][]string{{"fi_pingpong"}, {"raw", "floor", "(internal/floor)"}} {
+		line := lines[1+i]
+		f := strings.Fields(line)
+		require.Len(t, f, 13+len(peer), "a row with the peer's figures and a ratio: %q", line)
+		assert.Equal(t, []string{"shm", "pingpong", "8"}, f[:3])
+		assert.Equal(t, peer, f[10:10+len(peer)])
+		var x [3]float64
+		for i, v := range []string{f[5], f[len(f)-3], f[len(f)-1]} { // MB/sec, peer MB/sec, ratio
+			var err error
+			x[i], err = strconv.ParseFloat(v, 64)
+			require.NoError(t, err, line)
+		}
+		assert.Equal(t, "200", f[3], "every iteration ran")
+		assert.Greater(t, x[1], 0.0, "the peer's figure: %s", line)
+		// The ratio is ours over the peer's (both printed to 0.01: a busy
+		// machine can print 0.00 for 8 B, which is a figure, not a failure).
+		assert.InDelta(t, x[0]/x[1], x[2], 0.01+0.005/x[1], line)
 	}
-	assert.Equal(t, "200", f[3], "every iteration ran")
-	assert.Greater(t, x[1], 0.0, "the peer tool's figure: %s", lines[1])
-	// The ratio is ours over the peer's (both printed to 0.01: a busy
-	// machine can print 0.00 for 8 B, which is a figure, not a failure).
-	assert.InDelta(t, x[0]/x[1], x[2], 0.01+0.005/x[1], lines[1])
+}
+
+// TestFloorRows: the rows compared with the raw-endpoint floor are the 8 B
+// window-1 reads and writes and the 8 B pingpongs over shm and tcp.
+func TestFloorRows(t *testing.T) {
+	p := &peerTools{}
+	row := func(op, prov string, size uint64, window int) perftest.Row {
+		return perftest.Row{Op: op, Provider: prov, Bytes: size, Window: window, Iters: 100}
+	}
+	for _, tc := range []struct {
+		r    perftest.Row
+		want bool
+	}{
+		{row("write", "shm", 8, 1), true},
+		{row("read", "tcp;ofi_rxm", 8, 1), true},
+		{row("pingpong", "shm", 8, 1), true},
+		{row("pingpong", "tcp;ofi_rxm", 8, 1), true},
+		{row("write", "shm", 8, 64), false},
+		{row("read", "shm", 4096, 1), false},
+		{row("pingpong", "mem", 8, 1), false},
+		{row("write", "cma", 8, 1), false},
+		{row("read", "efa", 8, 1), false},
+	} {
+		assert.Equal(t, tc.want, p.hasFloor(tc.r), "%s %s %d W%d", tc.r.Op, tc.r.Provider, tc.r.Bytes, tc.r.Window)
+	}
+	// Its writes ask for what fitransfer's ask for: over tcp a pingpong's
+	// only that the source may be reused, the others delivery complete.
+	assert.Equal(t, fabric.OpInjectComplete, floorFlags(row("pingpong", "tcp;ofi_rxm", 8, 1)))
+	assert.Equal(t, fabric.OpDeliveryComplete, floorFlags(row("write", "tcp;ofi_rxm", 8, 1)))
 }
 
 // fakePingpong stands in for fi_pingpong: its server fails to bind its

@@ -49,6 +49,9 @@ func BenchmarkRawRead(b *testing.B) {
 	}
 }
 
+// rawProviders are the providers BenchmarkIdleReap measures.
+var rawProviders = []string{"shm", "tcp;ofi_rxm"}
+
 // BenchmarkIdleReap is one fi_cq_read of an idle endpoint: what a loop
 // spinning on an endpoint pays at each look.
 func BenchmarkIdleReap(b *testing.B) {
