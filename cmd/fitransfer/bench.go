@@ -534,6 +534,8 @@ func (p *peerTools) hasFloor(r perftest.Row) bool {
 
 // runFloor measures the floor under r (hasFloor), with r's iterations.
 func (p *peerTools) runFloor(ctx context.Context, r perftest.Row) peerResult {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	usec, err := floor.Measure(ctx, p.exe, nil, r.Provider, floor.Test(r.Op), r.Iters, floorFlags(r))
 	if err != nil {
 		return peerResult{tool: floorName, err: err}

@@ -11,7 +11,8 @@ import (
 const asCLI = "FITRANSFER_TEST_AS_CLI"
 
 func TestMain(m *testing.M) {
-	// `doctor` starts this binary as its CMA probe target.
+	// `doctor` starts this binary as its CMA probe target, and `bench
+	// --compare` as the floor's peer.
 	if handled, code := maybeRunChild(); handled {
 		os.Exit(code)
 	}

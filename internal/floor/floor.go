@@ -3,7 +3,8 @@
 // with no progress loop, no routing and no checks, each side spinning on
 // one locked thread as fabtests' tools do. fitransfer bench prints it
 // next to its own window-1 and pingpong rows, paired run by run, so that
-// what the engine adds is a ratio of the same run (docs/PERFORMANCE.md).
+// what the engine adds is a ratio of the same run (docs/PERFORMANCE.md,
+// "The floor next to every 8 B window-1 and pingpong row").
 //
 // The child is this program run again with PeerEnv set: a program that
 // uses Measure must call ServePeer first thing in main (a test binary,
@@ -41,14 +42,13 @@ const (
 	// Read is 8-byte reads one at a time from such a child.
 	Read Test = "read"
 	// PingPong is an 8-byte write pingpong with the child: each side
-	// writes into the other's page and spins on its own byte. Its writes
-	// ask for the completion fitransfer's pingpong writes ask for
-	// (PingWriteFlags).
+	// writes into the other's page and spins on its own byte.
 	PingPong Test = "pingpong"
 )
 
-// PeerEnv, set to "TEST PROVIDER", makes ServePeer run this process as
-// Measure's child.
+// PeerEnv, set to "TEST FLAGS PROVIDER" (FLAGS: the writes' completion
+// flags, in decimal), makes ServePeer run this process as Measure's
+// child.
 const PeerEnv = "FITRANSFER_FLOOR_PEER"
 
 // Timeout bounds each wait of either side for the other.
@@ -97,8 +97,13 @@ func Measure(ctx context.Context, exe string, args []string, prov string, test T
 	}
 	usec, err := measure(ctx, bufio.NewReader(out), in, prov, test, n, flags)
 	in.Close() // the child's end: it stops waiting
-	if werr := cmd.Wait(); err == nil && werr != nil {
-		err = fmt.Errorf("floor: its peer: %w: %s", werr, lastLine(stderr.String()))
+	if werr := cmd.Wait(); werr != nil {
+		peerErr := fmt.Errorf("floor: its peer: %w: %s", werr, lastLine(stderr.String()))
+		if err == nil {
+			err = peerErr
+		} else {
+			err = fmt.Errorf("%w (%w)", err, peerErr)
+		}
 	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("floor: %w (%w)", ctx.Err(), err)
@@ -119,7 +124,7 @@ func measure(ctx context.Context, r *bufio.Reader, w io.Writer, prov string, tes
 		s.q.Set(0, &s.op)
 	}
 	// Marks: a pingpong's first round is 0xff (both sides are up) and
-	// its last 0 (the child answers it and exits); the warm-up's are
+	// its last write 0 (the child exits); the warm-up's are
 	// 1..0x7f, the timed ones 0x80..0xfd, so that two in a row always
 	// differ and none is a one-at-a-time child's endMark.
 	one := func(mark byte) error {
@@ -146,7 +151,9 @@ func measure(ctx context.Context, r *bufio.Reader, w io.Writer, prov string, tes
 	}
 	elapsed := time.Since(begin)
 	if test == PingPong {
-		if err := one(0); err != nil {
+		// The last mark ends the child, which does not answer it: an
+		// answer still in the child's provider as it exits would be lost.
+		if err := s.write(ctx, 0); err != nil {
 			return 0, err
 		}
 		return float64(elapsed.Nanoseconds()) / float64(2*n) / 1000, nil
@@ -181,37 +188,43 @@ func ServePeer() (bool, error) {
 	defer s.close()
 	// The parent closes stdin when it is done, or when it failed: this
 	// process must not spin on then.
-	var parentGone atomic.Bool
+	ctx, parentGone := context.WithCancel(context.Background())
+	defer parentGone()
 	go func() {
 		_, _ = io.Copy(io.Discard, r)
-		parentGone.Store(true)
+		parentGone()
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if test != PingPong {
-		for s.mark() != endMark && !parentGone.Load() {
+		for i := 1; s.mark() != endMark; i++ {
 			_, _ = s.q.Reap(s.ep)
+			if i&4095 == 0 && ctx.Err() != nil {
+				return true, nil
+			}
 		}
+		s.drain(ctx)
 		return true, nil
 	}
-	if err := s.await(context.Background(), 0xff); err != nil {
+	if err := s.await(ctx, 0xff); err != nil {
 		return true, err
 	}
-	if err := s.write(context.Background(), 0xff); err != nil {
+	if err := s.write(ctx, 0xff); err != nil {
 		return true, err
 	}
 	for m := byte(0xff); ; {
 		// The parent's warm-up runs for a time, not a count: answer each
-		// new mark until the last (0).
-		m, err = s.next(m, &parentGone)
+		// new mark until the last (0), which needs no answer.
+		m, err = s.next(ctx, m)
 		if err != nil {
 			return true, err
 		}
-		if err := s.write(context.Background(), m); err != nil {
-			return true, err
-		}
 		if m == 0 {
+			s.drain(ctx)
 			return true, nil
+		}
+		if err := s.write(ctx, m); err != nil {
+			return true, err
 		}
 	}
 }
@@ -232,30 +245,33 @@ type side struct {
 // peer (on w) its address, the page's address and key, and reads the
 // peer's (from r). Its op is an 8-byte write with a completion and
 // flags.
-func setup(prov string, flags fabric.OpFlags, r *bufio.Reader, w io.Writer) (s *side, err error) {
+func setup(prov string, flags fabric.OpFlags, r *bufio.Reader, w io.Writer) (*side, error) {
 	infos, err := fabric.GetInfo(fabric.Query{Hints: hints(prov)})
 	if err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
-	info := &infos[0]
-	s = &side{}
-	defer func() {
-		if err != nil {
-			s.close()
-		}
-	}()
-	if s.f, err = fabric.OpenFabric(info); err != nil {
+	s := &side{}
+	if err := s.open(&infos[0], flags, r, w); err != nil {
+		s.close()
 		return nil, err
+	}
+	return s, nil
+}
+
+// open is setup's work on s; what it opened, s.close closes.
+func (s *side) open(info *fabric.Info, flags fabric.OpFlags, r *bufio.Reader, w io.Writer) (err error) {
+	if s.f, err = fabric.OpenFabric(info); err != nil {
+		return err
 	}
 	if s.d, err = s.f.OpenDomain(info); err != nil {
-		return nil, err
+		return err
 	}
 	if s.ep, err = s.d.OpenEndpoint(256, false, fabric.EndpointOptions{}); err != nil {
-		return nil, err
+		return err
 	}
 	s.q = fabric.NewQueue(16, 64)
 	if s.buf, err = unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON); err != nil {
-		return nil, err
+		return err
 	}
 	var bindTo *fabric.Endpoint
 	if info.Domain.MRMode.Has(fabric.MREndpoint) {
@@ -263,32 +279,32 @@ func setup(prov string, flags fabric.OpFlags, r *bufio.Reader, w io.Writer) (s *
 	}
 	if s.mr, err = s.d.RegMR(mr.Addr(s.buf), 4096,
 		fabric.AccessRead|fabric.AccessWrite|fabric.AccessRemoteRead|fabric.AccessRemoteWrite, 7, fabric.HMEMSystem, 0, bindTo); err != nil {
-		return nil, err
+		return err
 	}
 	addr := uint64(0)
 	if info.Domain.MRMode.Has(fabric.MRVirtAddr) {
 		addr = uint64(mr.Addr(s.buf))
 	}
 	if _, err = fmt.Fprintf(w, "%s %d %d\n", hex.EncodeToString(s.ep.Name()), addr, s.mr.Key()); err != nil {
-		return nil, err
+		return fmt.Errorf("floor: sending the peer this side's address: %w", err)
 	}
 	var name string
 	var peerAddr, peerKey uint64
 	if _, err = fmt.Fscanln(r, &name, &peerAddr, &peerKey); err != nil {
-		return nil, fmt.Errorf("floor: the peer's address: %w", err)
+		return fmt.Errorf("floor: the peer's address: %w", err)
 	}
 	raw, err := hex.DecodeString(name)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	peer, err := s.ep.InsertAddr(raw)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.op = fabric.Op{Local: mr.Addr(s.buf[64:]), Len: 8, Desc: s.mr.Desc(), Remote: peerAddr, Key: peerKey,
 		Peer: peer, Flags: uint64(fabric.OpCompletion | flags), Slot: 1, Write: true}
 	s.q.Set(0, &s.op)
-	return s, nil
+	return nil
 }
 
 // hints are fitransfer's for prov (transport's discover): its RMA hints,
@@ -377,19 +393,26 @@ func (s *side) await(ctx context.Context, mark byte) error {
 // next spins until its own byte 7 is other than last, the mark it
 // answered last (the next may have landed before that answer's
 // completion), and returns it.
-func (s *side) next(last byte, parentGone *atomic.Bool) (byte, error) {
+func (s *side) next(ctx context.Context, last byte) (byte, error) {
 	var deadline time.Time
 	for i := 1; ; i++ {
 		if m := s.mark(); m != last {
 			return m, nil
 		}
 		_, _ = s.q.Reap(s.ep)
-		if err := expired(context.Background(), i, &deadline); err != nil {
+		if err := expired(ctx, i, &deadline); err != nil {
 			return 0, err
 		}
-		if i&4095 == 0 && parentGone.Load() {
-			return 0, errors.New("floor peer: the parent left")
-		}
+	}
+}
+
+// drain progresses the endpoint until the parent leaves (or Timeout):
+// the parent's last write may complete only through this side's
+// progress (a delivery-complete write over shm on libfabric 2.x).
+func (s *side) drain(ctx context.Context) {
+	var deadline time.Time
+	for i := 1; expired(ctx, i, &deadline) == nil; i++ {
+		_, _ = s.q.Reap(s.ep)
 	}
 }
 

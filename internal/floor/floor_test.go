@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,12 +45,25 @@ func TestMeasure(t *testing.T) {
 	}
 }
 
-// TestMeasureFails: a provider that does not exist, or a test it does
-// not know, is an error, not a hang.
-func TestMeasureFails(t *testing.T) {
+// TestMeasureUnknownProvider: a provider that does not exist is an
+// error that names it, not a hang.
+func TestMeasureUnknownProvider(t *testing.T) {
 	_, err := Measure(context.Background(), os.Args[0], peerArgs, "no-such-provider", Write, 10, fabric.OpDeliveryComplete)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no-such-provider")
-	_, err = Measure(context.Background(), os.Args[0], peerArgs, testenv.RouteSHM, "atomics", 10, fabric.OpDeliveryComplete)
+	require.ErrorContains(t, err, "no-such-provider")
+}
+
+// TestMeasureUnknownTest: a test Measure does not know is refused before
+// any process starts.
+func TestMeasureUnknownTest(t *testing.T) {
+	_, err := Measure(context.Background(), os.Args[0], peerArgs, testenv.RouteSHM, "atomics", 10, fabric.OpDeliveryComplete)
 	require.ErrorContains(t, err, `unknown test "atomics"`)
+}
+
+// TestMeasurePeerExitsFirst: a peer that exits before it sends its
+// address is an error, not a panic or a hang.
+func TestMeasurePeerExitsFirst(t *testing.T) {
+	exe, err := exec.LookPath("true")
+	require.NoError(t, err)
+	_, err = Measure(context.Background(), exe, nil, testenv.RouteSHM, Write, 10, fabric.OpDeliveryComplete)
+	require.ErrorContains(t, err, "peer")
 }
