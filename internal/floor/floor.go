@@ -206,25 +206,35 @@ func ServePeer() (bool, error) {
 		s.drain(ctx)
 		return true, nil
 	}
-	if err := s.await(ctx, 0xff); err != nil {
+	if err := s.answer(ctx); err != nil && ctx.Err() == nil {
 		return true, err
+	}
+	// The parent left: whatever ended the answers then (its last mark
+	// may have gone with its endpoint), it reports its own result.
+	return true, nil
+}
+
+// answer is the child's side of a pingpong: it answers each mark of the
+// parent's until the last (0), which needs no answer.
+func (s *side) answer(ctx context.Context) error {
+	if err := s.await(ctx, 0xff); err != nil {
+		return err
 	}
 	if err := s.write(ctx, 0xff); err != nil {
-		return true, err
+		return err
 	}
 	for m := byte(0xff); ; {
-		// The parent's warm-up runs for a time, not a count: answer each
-		// new mark until the last (0), which needs no answer.
-		m, err = s.next(ctx, m)
-		if err != nil {
-			return true, err
+		// The parent's warm-up runs for a time, not a count.
+		var err error
+		if m, err = s.next(ctx, m); err != nil {
+			return err
 		}
 		if m == 0 {
 			s.drain(ctx)
-			return true, nil
+			return nil
 		}
 		if err := s.write(ctx, m); err != nil {
-			return true, err
+			return err
 		}
 	}
 }
