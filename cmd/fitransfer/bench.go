@@ -543,19 +543,14 @@ func (p *peerTools) runFloor(ctx context.Context, r perftest.Row) peerResult {
 	return peerResult{tool: floorName, mbps: float64(r.Bytes) / usec, usec: usec}
 }
 
-// floorFlags is the completion fitransfer's writes of r ask for
-// (libfabric.Route.Completion and WriteFlags): a pingpong's over
-// tcp;ofi_rxm, only that the source may be reused
-// (Action.InjectComplete); over shm on libfabric 1.x, where the
-// initiator copies itself, transmit complete; else delivery complete.
+// floorFlags is the completion fitransfer's writes of r ask for, as its
+// routes pick it (libfabric.CompletionOver and WriteFlagsOver): bench's
+// owner is a verified process of this node that process_vm_readv
+// reaches, and its pingpongs' writes are Action.InjectComplete.
 func floorFlags(r perftest.Row) fabric.OpFlags {
-	switch {
-	case r.Op == "pingpong" && r.Provider == string(fabric.BackendTCP):
-		return fabric.OpInjectComplete
-	case r.Provider == string(fabric.BackendSHM) && libfabric.SingleCopy():
-		return fabric.OpTransmitComplete
-	}
-	return fabric.OpDeliveryComplete
+	prov := fabric.Backend(r.Provider)
+	want := libfabric.CompletionOver(prov, false, r.Op == "pingpong")
+	return fabric.OpFlags(libfabric.WriteFlagsOver(prov, want, true, true))
 }
 
 // run measures with the peer tool what r measured; second: with the

@@ -26,8 +26,13 @@ const (
 // provider has copied a write above the inline size (docs/PERFORMANCE.md);
 // efa is unmeasured.
 func (r *Route) Completion(transmit, sourceFree bool) Completion {
+	return CompletionOver(r.Provider, transmit, sourceFree)
+}
+
+// CompletionOver is Route.Completion for a route over provider.
+func CompletionOver(provider fabric.Backend, transmit, sourceFree bool) Completion {
 	switch {
-	case sourceFree && r.Provider == fabric.BackendTCP:
+	case sourceFree && provider == fabric.BackendTCP:
 		return SourceFree
 	case transmit:
 		return Transmitted
@@ -49,12 +54,17 @@ func (r *Route) Completion(transmit, sourceFree bool) Completion {
 //     completes (see shm.go).
 //   - Otherwise FI_DELIVERY_COMPLETE.
 func (r *Route) WriteFlags(want Completion, verified, reaches bool) uint64 {
+	return WriteFlagsOver(r.Provider, want, verified, reaches)
+}
+
+// WriteFlagsOver is Route.WriteFlags for a route over provider.
+func WriteFlagsOver(provider fabric.Backend, want Completion, verified, reaches bool) uint64 {
 	switch {
 	case want == SourceFree:
 		return uint64(fabric.OpInjectComplete)
 	case want == Transmitted:
 		return uint64(fabric.OpTransmitComplete)
-	case r.Provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
+	case provider != fabric.BackendSHM || !verified || !shmSingleCopyAllowed():
 		return uint64(fabric.OpDeliveryComplete)
 	case reaches:
 		return uint64(fabric.OpTransmitComplete)
