@@ -178,10 +178,13 @@ type Loop struct {
 	// activeAt is lastActive for other goroutines (PollIfWanted);
 	// idlePolled: when PollIfWanted last polled an idle loop.
 	activeAt, idlePolled atomic.Int64
-	timers               sync.Pool    // *time.Timer for Poll's bound
-	inCall               atomic.Int64 // when the running progress call started (monoNow), 0 when none
-	leftJobs             atomic.Int32 // jobs whose Job.left is set
-	sleeping             atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
+	// yieldedAt: when a goroutine driving or polling the endpoint last
+	// yielded its thread (yieldShared).
+	yieldedAt atomic.Int64
+	timers    sync.Pool    // *time.Timer for Poll's bound
+	inCall    atomic.Int64 // when the running progress call started (monoNow), 0 when none
+	leftJobs  atomic.Int32 // jobs whose Job.left is set
+	sleeping  atomic.Bool  // the background goroutine is in block (fi_trywait, then the CQ's fd without the drive lock)
 	// parked: the background goroutine waits for work without polling
 	// (park), so a Submit must wake it.
 	parked atomic.Bool
@@ -219,6 +222,7 @@ type Loop struct {
 	waitLogged int64
 
 	cpuYields atomic.Uint64 // yieldCPU's yields, for tests
+	goYields  atomic.Uint64 // yieldShared's yields, for tests
 }
 
 // monoBase is the origin of monoNow.
@@ -338,7 +342,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	}
 	l.drivers.Add(1)
 	now := monoNow()
-	last, yielded := now, now
+	last := now
 	for i := 1; ; i++ {
 		// A background goroutine blocked on the CQ's fd holds no lock
 		// (block): no need to wake it first.
@@ -351,6 +355,9 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 		case <-j.done: // before the clock read below, which a finished job does not need
 			l.drivers.Add(-1)
 			l.wakeIfSleeping()
+			// Most Waits of a stream of small ops end here, within 64
+			// looks: the yield must be checked here too.
+			l.yieldShared(now)
 			return nil
 		default:
 		}
@@ -377,7 +384,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || !drove && pastDeadline(j) {
 				break
 			}
-			yieldIfDue(now, &yielded)
+			l.yieldShared(now)
 			// Quiet by the endpoint's last activity, not only this
 			// waiter's rounds: another driver may be completing ops.
 			if now-max(last, l.activeAt.Load()) > int64(quietAfter) {
@@ -689,6 +696,7 @@ func (l *Loop) pollAt(now int64) bool {
 		return l.pollPassive()
 	}
 	l.polled.Store(now)
+	l.yieldShared(now)
 	if !l.drive.TryLock() {
 		return false
 	}
@@ -1029,6 +1037,21 @@ func yieldIfDue(now int64, yielded *int64) {
 	if now-*yielded >= int64(yieldEvery) {
 		runtime.Gosched()
 		*yielded = now
+	}
+}
+
+// yieldShared is yieldIfDue for the goroutines that drive the endpoint
+// in Wait or poll it, which may each spin only a moment at a time: it
+// yields when none of them has for yieldEvery. A goroutine that runs
+// longer than the runtime's 10 ms time slice, mostly inside cgo calls,
+// loses its P to sysmon at every slice, and every such retake keeps
+// sysmon waking every 20 µs or so; on a two-core host each of those
+// wake-ups preempts a spinning side of a transfer (docs/PERFORMANCE.md).
+func (l *Loop) yieldShared(now int64) {
+	last := l.yieldedAt.Load()
+	if now-last >= int64(yieldEvery) && l.yieldedAt.CompareAndSwap(last, now) {
+		runtime.Gosched()
+		l.goYields.Add(1)
 	}
 }
 

@@ -1130,6 +1130,32 @@ func TestQuietSpinnersYieldTheCPU(t *testing.T) {
 	assert.Zero(t, tg.cpuYields.Load(), "a target serving a stream of peers' ops yielded its CPU")
 }
 
+// TestDriversYieldTheirThread: goroutines that drive the endpoint in
+// short Waits, one small op after another, or poll it, yield their
+// thread to the Go scheduler now and then (yieldShared): one that
+// never does, mostly inside cgo calls, has its P retaken by sysmon every
+// 10 ms, which keeps sysmon waking every few tens of microseconds.
+func TestDriversYieldTheirThread(t *testing.T) {
+	l, f := testLoop(t, 4, false)
+	f.setAuto(true, nil)
+	ctx := context.Background()
+	j := job(1, nil)
+	for end := time.Now().Add(10 * time.Second); l.goYields.Load() < 3; {
+		require.False(t, time.Now().After(end), "a goroutine waiting for one short op after another never yielded its thread")
+		j.Reset()
+		fillJob(j, 1, 0)
+		require.NoError(t, l.Submit(j))
+		require.NoError(t, l.Wait(ctx, j))
+		checkFinished(t, j)
+	}
+
+	p, _ := testLoop(t, 4, false)
+	for end := time.Now().Add(10 * time.Second); p.goYields.Load() < 3; {
+		require.False(t, time.Now().After(end), "a goroutine polling the endpoint never yielded its thread")
+		p.Poll()
+	}
+}
+
 // TestLeftJobInTheInbox: a waiter that leaves its job while the round
 // holding the drive lock is past its intake (the job was submitted after
 // it, and is still in the inbox) has the job expired by the next round,
