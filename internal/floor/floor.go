@@ -117,8 +117,6 @@ func measure(ctx context.Context, r *bufio.Reader, w io.Writer, prov string, tes
 		return 0, err
 	}
 	defer s.close()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	if test == Read {
 		s.op.Write, s.op.Flags = false, uint64(fabric.OpCompletion)
 		s.q.Set(0, &s.op)
@@ -128,6 +126,7 @@ func measure(ctx context.Context, r *bufio.Reader, w io.Writer, prov string, tes
 	// 1..0x7f, the timed ones 0x80..0xfd, so that two in a row always
 	// differ and none is a one-at-a-time child's endMark.
 	one := func(mark byte) error {
+		s.yield.maybe()
 		if err := s.write(ctx, mark); err != nil || test != PingPong { // a read, for reads
 			return err
 		}
@@ -194,11 +193,10 @@ func ServePeer() (bool, error) {
 		_, _ = io.Copy(io.Discard, r)
 		parentGone()
 	}()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	if test != PingPong {
 		for i := 1; s.mark() != endMark; i++ {
 			_, _ = s.q.Reap(s.ep)
+			s.yield.maybe()
 			if i&4095 == 0 && ctx.Err() != nil {
 				return true, nil
 			}
@@ -236,6 +234,7 @@ func (s *side) answer(ctx context.Context) error {
 		if err := s.write(ctx, m); err != nil {
 			return err
 		}
+		s.yield.maybe()
 	}
 }
 
@@ -249,6 +248,32 @@ type side struct {
 	mr  *fabric.MR
 	buf []byte
 	op  fabric.Op
+	// yield: the side spins on one goroutine for the whole run.
+	yield yielder
+}
+
+// yielder yields a spinning goroutine's thread to the Go scheduler
+// (runtime.Gosched) every millisecond, as transport's drivers do
+// (progress's yieldShared): one that runs for the runtime's 10 ms time
+// slice mostly inside cgo calls has its P retaken by sysmon, which
+// then wakes every few tens of microseconds, each time taking a CPU
+// from one of the two spinning sides on a small host. A floor that paid
+// for that would not be the floor.
+type yielder struct {
+	looks int
+	last  time.Time
+}
+
+// maybe yields if a millisecond has passed since the last yield; it
+// reads the clock every 64th call.
+func (y *yielder) maybe() {
+	if y.looks++; y.looks&63 != 0 {
+		return
+	}
+	if now := time.Now(); now.Sub(y.last) >= time.Millisecond {
+		runtime.Gosched()
+		y.last = now
+	}
 }
 
 // setup opens an endpoint of prov with a registered page, tells the
