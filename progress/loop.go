@@ -222,7 +222,7 @@ type Loop struct {
 	waitLogged int64
 
 	cpuYields atomic.Uint64 // yieldCPU's yields, for tests
-	goYields  atomic.Uint64 // yieldShared's yields, for tests
+	goYields  atomic.Uint64 // yieldIfDue's and yieldShared's yields, for tests
 }
 
 // monoBase is the origin of monoNow.
@@ -946,11 +946,14 @@ func (l *Loop) run() {
 			}
 		}
 		if worked || handOff {
+			// A long job whose rounds keep completing chunks finishes
+			// none for a while: no yield above either.
+			l.yieldIfDue(now, &yielded)
 			sleep = l.policy.MinSleep
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			yieldIfDue(now, &yielded)
+			l.yieldIfDue(now, &yielded)
 			// A target serving a peer's stream completes nothing of its
 			// own: its remote counter tells that it is not quiet.
 			if spins++; spins&63 == 0 && idleFor > quietAfter && !l.peersActive() {
@@ -1033,20 +1036,23 @@ func (l *Loop) iterate(now int64) bool {
 const yieldEvery = time.Millisecond
 
 // yieldIfDue yields when yieldEvery has passed since *yielded (monoNow).
-func yieldIfDue(now int64, yielded *int64) {
+func (l *Loop) yieldIfDue(now int64, yielded *int64) {
 	if now-*yielded >= int64(yieldEvery) {
 		runtime.Gosched()
 		*yielded = now
+		l.goYields.Add(1)
 	}
 }
 
 // yieldShared is yieldIfDue for the goroutines that drive the endpoint
 // in Wait or poll it, which may each spin only a moment at a time: it
-// yields when none of them has for yieldEvery. A goroutine that runs
-// longer than the runtime's 10 ms time slice, mostly inside cgo calls,
-// loses its P to sysmon at every slice, and every such retake keeps
-// sysmon waking every 20 µs or so; on a two-core host each of those
-// wake-ups preempts a spinning side of a transfer (docs/PERFORMANCE.md).
+// yields when none of them has for yieldEvery, so once a millisecond per
+// loop between them (enough for one spinner an endpoint; of several, one
+// may still go unyielded). A goroutine that runs for the runtime's 10 ms
+// time slice mostly inside cgo calls has its P retaken by sysmon at every
+// slice, and each retake puts sysmon back to its shortest sleeps; on a
+// two-core host each of its wake-ups preempts a spinning side of a
+// transfer (docs/ARCHITECTURE.md, "Progress").
 func (l *Loop) yieldShared(now int64) {
 	last := l.yieldedAt.Load()
 	if now-last >= int64(yieldEvery) && l.yieldedAt.CompareAndSwap(last, now) {

@@ -1132,15 +1132,23 @@ func TestQuietSpinnersYieldTheCPU(t *testing.T) {
 
 // TestDriversYieldTheirThread: goroutines that drive the endpoint in
 // short Waits, one small op after another, or poll it, yield their
-// thread to the Go scheduler now and then (yieldShared): one that
-// never does, mostly inside cgo calls, has its P retaken by sysmon every
-// 10 ms, which keeps sysmon waking every few tens of microseconds.
+// thread to the Go scheduler now and then (yieldShared), and so does the
+// loop's goroutine running a long job whose every round completes
+// something: one that never does, mostly inside cgo calls, has its P
+// retaken by sysmon every 10 ms, which keeps sysmon waking every few
+// tens of microseconds. They yield at most once every yieldEvery.
 func TestDriversYieldTheirThread(t *testing.T) {
+	atMost := func(l *Loop, since time.Time) {
+		t.Helper()
+		assert.LessOrEqual(t, l.goYields.Load(), uint64(time.Since(since)/yieldEvery)+1, "yields more often than every %v", yieldEvery)
+	}
+
 	l, f := testLoop(t, 4, false)
 	f.setAuto(true, nil)
 	ctx := context.Background()
 	j := job(1, nil)
-	for end := time.Now().Add(10 * time.Second); l.goYields.Load() < 3; {
+	start := time.Now()
+	for end := start.Add(10 * time.Second); l.goYields.Load() < 3; {
 		require.False(t, time.Now().After(end), "a goroutine waiting for one short op after another never yielded its thread")
 		j.Reset()
 		fillJob(j, 1, 0)
@@ -1148,12 +1156,33 @@ func TestDriversYieldTheirThread(t *testing.T) {
 		require.NoError(t, l.Wait(ctx, j))
 		checkFinished(t, j)
 	}
+	atMost(l, start)
 
 	p, _ := testLoop(t, 4, false)
-	for end := time.Now().Add(10 * time.Second); p.goYields.Load() < 3; {
+	start = time.Now()
+	for end := start.Add(10 * time.Second); p.goYields.Load() < 3; {
 		require.False(t, time.Now().After(end), "a goroutine polling the endpoint never yielded its thread")
 		p.Poll()
 	}
+	atMost(p, start)
+
+	// The loop's goroutine, with nobody waiting: one chunk a round, each
+	// round a millisecond (a reap moving megabytes).
+	bg, g := testLoop(t, 1, false)
+	g.accept, g.auto, g.slow = 1, true, time.Millisecond
+	long := job(20, nil)
+	// Counted as it finishes: the idle loop's goroutine yields after.
+	var atFinish atomic.Int64
+	atFinish.Store(-1)
+	long.OnIdle = func(*Job) { atFinish.Store(int64(bg.goYields.Load())) }
+	start = time.Now()
+	require.NoError(t, bg.Submit(long))
+	go bg.run()
+	t.Cleanup(func() { bg.Close(nil) })
+	require.Eventually(t, func() bool { return atFinish.Load() >= 0 }, 10*time.Second, time.Millisecond, "the long job did not finish")
+	checkFinished(t, long)
+	assert.GreaterOrEqual(t, atFinish.Load(), int64(3), "the loop's goroutine running a long job never yielded its thread")
+	atMost(bg, start)
 }
 
 // TestLeftJobInTheInbox: a waiter that leaves its job while the round
