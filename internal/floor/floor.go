@@ -1,7 +1,8 @@
 // Package floor measures the floor under fitransfer's small ops: 8-byte
 // RMA ops between this process and a child on raw libfabric endpoints,
 // with no progress loop, no routing and no checks, each side spinning on
-// one locked thread as fabtests' tools do. fitransfer bench prints it
+// one goroutine as fabtests' tools spin on one thread (yielding it to
+// the Go scheduler every millisecond: yielder). fitransfer bench prints it
 // next to its own window-1 and pingpong rows, paired run by run, so that
 // what the engine adds is a ratio of the same run (docs/PERFORMANCE.md,
 // "The floor next to every 8 B window-1 and pingpong row").
