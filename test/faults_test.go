@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -207,8 +208,10 @@ func TestInitiatorKilled(t *testing.T) {
 // claims a slot of the owner's command queue, fills it, then commits it
 // (smr_generic_rma, prov/shm/src/smr_rma.c, v2.1.0); one killed in
 // between stops the owner's reader at that slot for good, while the
-// owner's progress calls go on returning. gdb kills the victim there, at
-// smr_do_iov. The owner's check after the death finds its endpoint
+// owner's progress calls go on returning. gdb kills the victim there, in
+// the function that fills the command: smr_do_sar for a big write
+// without shm's CMA (fitransfer's default on 2.x), smr_do_iov with it
+// (FI_SHM_DISABLE_CMA set false). The owner's check after the death finds its endpoint
 // serving nothing and replaces it: a new buffer and a new initiator
 // work. (1.x's shm holds a region lock there instead: TestInitiatorKilled.)
 func TestInitiatorKilledMidCommand(t *testing.T) {
@@ -221,11 +224,15 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 	h := owner.Register(big, mr.ReadWrite, 5)
 	victim := testpeer.Start(t, testenv.RouteSHM)
 	victim.Register(big, mr.ReadWrite, 6)
+	fill := "smr_do_sar"
+	if _, set := os.LookupEnv(fabric.ShmDisableCMA); set && !fabric.EnvTruthy(fabric.ShmDisableCMA) {
+		fill = "smr_do_iov"
+	}
 
 	gdb := exec.Command(gdbPath, "-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
 		// Go's own signals (preemption, children) must not end the continue.
 		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass",
-		"-ex", "break smr_do_iov", "-ex", "continue", "-ex", "kill")
+		"-ex", "break "+fill, "-ex", "continue", "-ex", "kill")
 	out, err := gdb.StdoutPipe()
 	require.NoError(t, err)
 	gdb.Stderr = gdb.Stdout
@@ -236,7 +243,7 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 	lines := bufio.NewScanner(out)
 	var said strings.Builder
 	for !strings.Contains(said.String(), "Breakpoint 1 at") {
-		require.True(t, lines.Scan(), "gdb set no breakpoint at smr_do_iov in the victim's libfabric:\n%s", said.String())
+		require.True(t, lines.Scan(), "gdb set no breakpoint at %s in the victim's libfabric:\n%s", fill, said.String())
 		said.WriteString(lines.Text() + "\n")
 	}
 	// gdb lets the victim go on now (continue): its writes come to the
@@ -246,7 +253,7 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 		said.WriteString(lines.Text() + "\n")
 	}
 	require.NoError(t, gdb.Wait(), "%s", said.String())
-	require.Contains(t, said.String(), "Breakpoint 1, ", "the victim never reached smr_do_iov:\n%s", said.String())
+	require.Contains(t, said.String(), "Breakpoint 1, ", "the victim never reached %s:\n%s", fill, said.String())
 	require.Contains(t, said.String(), "killed", "%s", said.String())
 	victim.Kill() // reaps it, and removes its region
 

@@ -31,7 +31,9 @@ func GetInfo(version Version, node, service string, flags uint64, hints *Info) (
 		chints = h
 	}
 	var list *C.struct_fi_info
-	if err := check("fi_getinfo", C.fi_getinfo(C.uint32_t(version), cnode, cservice, C.uint64_t(flags), chints, &list)); err != nil {
+	var rc C.int
+	initialize(func() { rc = C.fi_getinfo(C.uint32_t(version), cnode, cservice, C.uint64_t(flags), chints, &list) })
+	if err := check("fi_getinfo", rc); err != nil {
 		return nil, err
 	}
 	defer C.fi_freeinfo(list)

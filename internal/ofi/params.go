@@ -55,7 +55,9 @@ type Param struct {
 func Params() ([]Param, error) {
 	var list *C.struct_fi_param
 	var n C.int
-	if err := check("fi_getparams", C.fi_getparams(&list, &n)); err != nil {
+	var rc C.int
+	initialize(func() { rc = C.fi_getparams(&list, &n) })
+	if err := check("fi_getparams", rc); err != nil {
 		return nil, err
 	}
 	defer C.fi_freeparams(list)
