@@ -100,17 +100,14 @@ func Params() ([]Param, error) { return ofi.Params() }
 // (FI_SHM_DISABLE_CMA).
 const ShmDisableCMA = ofi.ShmDisableCMA
 
-// KeepProviderDefaults makes libfabric initialize with its providers' own
-// defaults instead of fitransfer's (on 2.x, shm without CMA: see
-// ShmCMAOffByDefault), as fi_info does. Call it before any other libfabric
-// call; after libfabric initialized it has no effect.
-func KeepProviderDefaults() { ofi.KeepProviderDefaults() }
-
 // ShmCMAOffByDefault reports whether this process initialized libfabric
 // with shm's CMA turned off by fitransfer: on libfabric 2.x unless
-// FI_SHM_DISABLE_CMA was set, or KeepProviderDefaults called first. shm
-// then moves RMA data through its own bounce buffers (SAR), which was
-// faster here at every size than the target's process_vm_readv/writev
-// (docs/PERFORMANCE.md). The variable is set only while libfabric
-// initializes: processes this one starts keep their own defaults.
+// FI_SHM_DISABLE_CMA was set (a value in libfabric.conf does not count,
+// and loses to fitransfer's unless FI_PREFER_SYSCONFIG is set). shm then
+// moves RMA data through its own bounce buffers (SAR), which was faster
+// here at every size than the target's process_vm_readv/writev
+// (docs/PERFORMANCE.md). A peer whose shm has CMA on may still use it
+// toward this process, which serves both. The variable is set only
+// while libfabric initializes: processes this one starts keep their own
+// defaults.
 func ShmCMAOffByDefault() bool { return ofi.ShmCMAOffByDefault() }

@@ -377,9 +377,8 @@ func closeWaitsOnlyForItsOwn(t *testing.T, rt string, readFirst bool) {
 // deadline, 30 s, and ended ErrTimeout). Its parts are marked, so no page
 // lands after Close returned.
 //
-// Without shm's CMA (fitransfer's default on libfabric 2.x; on 1.x,
-// FI_SHM_DISABLE_CMA=1 in the peer), libfabric 2.x
-// moves each chunk through its bounce buffers over several rounds of the
+// libfabric 2.x without shm's CMA (fitransfer's default there) moves
+// each chunk through its bounce buffers over several rounds of the
 // owner's progress (SAR); the owner's provider resolved the key when the
 // chunk began and copies its later segments after the registration is
 // closed (smr_progress_sar_list). The peer's part is marked in its use
@@ -387,9 +386,11 @@ func closeWaitsOnlyForItsOwn(t *testing.T, rt string, readFirst bool) {
 // registration: unmarked, 1,536 pages landed after Close.
 func TestCloseEndsShmOpsInFlight(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
+	// On 1.x the default is with shm's CMA, and FI_SHM_DISABLE_CMA=1 in
+	// the peer turns it off; on 2.x the default is without.
 	variants := []bool{false, true}
 	if fabric.RuntimeVersion().Major() >= 2 {
-		variants = variants[:1] // the default is without CMA there
+		variants = variants[:1]
 	}
 	for _, noCMA := range variants {
 		t.Run(map[bool]string{false: "default", true: "without shm's CMA"}[noCMA], func(t *testing.T) {

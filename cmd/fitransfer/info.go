@@ -61,9 +61,6 @@ func infoFlags() (*flag.FlagSet, *infoOptions) {
 }
 
 func runInfo(args []string, stdout, stderr io.Writer) int {
-	// What fi_info prints, with the providers' own defaults: -e shows
-	// the variables' values as libfabric read them.
-	fabric.KeepProviderDefaults()
 	fs, o := infoFlags()
 	if code, ok := parseFlags(fs, args, stdout, stderr); !ok {
 		return code

@@ -1,5 +1,10 @@
 package ofi
 
+/*
+#include "ofi.h"
+*/
+import "C"
+
 import (
 	"os"
 	"sync"
@@ -12,25 +17,17 @@ import (
 const ShmDisableCMA = "FI_SHM_DISABLE_CMA"
 
 var (
-	initOnce     sync.Once
-	keepDefaults atomic.Bool
-	shmCMAOff    atomic.Bool
+	initOnce  sync.Once
+	shmCMAOff atomic.Bool
 )
-
-// KeepProviderDefaults makes libfabric initialize with its providers' own
-// defaults, as fi_info does: fitransfer info calls it before any other
-// libfabric call, so that what it prints is fi_info's. It has no effect
-// once libfabric has initialized.
-func KeepProviderDefaults() { keepDefaults.Store(true) }
 
 // ShmCMAOffByDefault reports whether this process initialized libfabric
 // with shm's CMA turned off by fitransfer's default (initialize).
 func ShmCMAOffByDefault() bool { return shmCMAOff.Load() }
 
 // initialize runs call, a libfabric call that initializes its providers
-// if none did yet (fi_getinfo, fi_getparams), with fitransfer's provider
-// defaults in the environment the first time; later calls wait for the
-// first to return.
+// if none did yet (fi_getinfo, fi_getparams, fi_fabric), after
+// libfabric's first initialization with fitransfer's provider defaults.
 //
 // The one default: on libfabric 2.x, shm's CMA is off unless the user
 // set FI_SHM_DISABLE_CMA. fitransfer already turns shm's fast path off
@@ -38,28 +35,31 @@ func ShmCMAOffByDefault() bool { return shmCMAOff.Load() }
 // with process_vm_readv/writev: every read, and writes over 4 KiB. shm's
 // own bounce-buffer protocol (SAR) took 1.00 µs for an 8-byte read here
 // against 2.27, and moved 64 KiB to 16 MiB about twice as fast
-// (docs/PERFORMANCE.md). It is also what shm does for the peers it serves
-// in practice: the same-node peers CMA does not reach, and device memory
-// (cma serves the others). The variable is set for the call only, so
-// that processes this one starts (fabtests' tools) keep their defaults.
+// (docs/PERFORMANCE.md). It is also what shm does toward the peers
+// fitransfer routes over it in practice: the same-node peers CMA does not
+// reach, and device memory (cma serves the others).
+//
+// The variable is in the environment only while a call of its own
+// (fi_getparams) initializes libfabric, so that call, when it is
+// fi_getparams, shows the environment as the user left it, and processes
+// started later (fabtests' tools) keep their defaults; one started by
+// another goroutine at that moment inherits it.
 func initialize(call func()) {
-	first := false
 	initOnce.Do(func() {
-		first = true
-		if keepDefaults.Load() || RuntimeVersion().Major() < 2 {
-			call()
+		if RuntimeVersion().Major() < 2 {
 			return
 		}
 		if _, set := os.LookupEnv(ShmDisableCMA); set {
-			call()
 			return
 		}
 		_ = os.Setenv(ShmDisableCMA, "1")
 		defer func() { _ = os.Unsetenv(ShmDisableCMA) }()
+		var list *C.struct_fi_param
+		var n C.int
+		if C.fi_getparams(&list, &n) == 0 {
+			C.fi_freeparams(list)
+		}
 		shmCMAOff.Store(true)
-		call()
 	})
-	if !first {
-		call()
-	}
+	call()
 }

@@ -13,46 +13,58 @@ import (
 
 // defaultsChild, set in a child's environment, makes TestProviderDefaults
 // the child's: libfabric initializes there first (this process
-// initialized it long ago). "keep" calls KeepProviderDefaults first.
+// initialized it long ago). Its value is the call that does.
 const defaultsChild = "FITRANSFER_TEST_DEFAULTS_CHILD"
 
 // TestProviderDefaults: on libfabric 2.x shm initializes with its CMA off
 // unless the user set FI_SHM_DISABLE_CMA (then shm reads the user's
-// value) or KeepProviderDefaults came first (fi_info's defaults); on 1.x
-// nothing is set. The variable is gone from the environment once
-// libfabric initialized, so that processes started later keep their own
-// defaults. What shm read is in libfabric's own log.
+// value); on 1.x nothing is set. The variable is gone from the
+// environment once libfabric initialized, so that processes started
+// later keep their own defaults, and fi_getparams, as the first call,
+// shows the user's environment (fitransfer info -e is fi_info -e). What
+// shm read is in libfabric's own log.
 func TestProviderDefaults(t *testing.T) {
-	if mode, ok := os.LookupEnv(defaultsChild); ok {
-		if mode == "keep" {
-			KeepProviderDefaults()
+	if call, ok := os.LookupEnv(defaultsChild); ok {
+		shown := "unset"
+		if call == "getparams" {
+			params, err := Params()
+			require.NoError(t, err)
+			for _, p := range params {
+				if p.Name == ShmDisableCMA && p.Set {
+					shown = p.Value
+				}
+			}
+		} else {
+			_, err := GetInfo(NegotiatedVersion(), "", "", 0, nil)
+			require.NoError(t, err)
 		}
-		_, err := GetInfo(NegotiatedVersion(), "", "", 0, nil)
-		require.NoError(t, err)
 		v, set := os.LookupEnv(ShmDisableCMA)
-		fmt.Printf("after: set=%v value=%q off=%v\n", set, v, ShmCMAOffByDefault())
+		fmt.Printf("after: set=%v value=%q off=%v shown=%s\n", set, v, ShmCMAOffByDefault(), shown)
 		return
 	}
 	v2 := RuntimeVersion().Major() >= 2
 	for _, tc := range []struct {
-		name, mode string
+		name, call string
 		user       *string // FI_SHM_DISABLE_CMA in the child's environment
 		read       string  // what libfabric logs of shm's disable_cma
 		after      string
 	}{
-		{"default", "", nil,
+		{"default", "getinfo", nil,
 			map[bool]string{true: "read bool var disable_cma=1", false: "variable disable_cma=<not set>"}[v2],
-			map[bool]string{true: `after: set=false value="" off=true`, false: `after: set=false value="" off=false`}[v2]},
-		{"user's value", "", ptr("0"), "read bool var disable_cma=0", `after: set=true value="0" off=false`},
-		{"kept defaults", "keep", nil, "variable disable_cma=<not set>", `after: set=false value="" off=false`},
+			fmt.Sprintf(`after: set=false value="" off=%v shown=unset`, v2)},
+		{"default, fi_getparams first", "getparams", nil,
+			map[bool]string{true: "read bool var disable_cma=1", false: "variable disable_cma=<not set>"}[v2],
+			fmt.Sprintf(`after: set=false value="" off=%v shown=unset`, v2)},
+		{"user's 0", "getinfo", ptr("0"), "read bool var disable_cma=0", `after: set=true value="0" off=false shown=unset`},
+		{"user's 1", "getparams", ptr("1"), "read bool var disable_cma=1", `after: set=true value="1" off=false shown=1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestProviderDefaults$", "-test.count=1")
-			env := []string{defaultsChild + "=" + tc.mode, "FI_LOG_LEVEL=info"}
+			env := []string{defaultsChild + "=" + tc.call, "FI_LOG_LEVEL=info"}
 			if tc.user != nil {
 				env = append(env, ShmDisableCMA+"="+*tc.user)
 			}
-			cmd.Env = append(withoutEnv(os.Environ(), ShmDisableCMA, "FI_LOG_LEVEL", "FI_LOG_PROV"), env...)
+			cmd.Env = append(withoutEnv(os.Environ(), ShmDisableCMA, "FI_LOG_LEVEL", "FI_LOG_PROV", "FI_LOG_SUBSYS"), env...)
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "%s", out)
 			var seen []string // libfabric logs much more

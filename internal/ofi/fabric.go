@@ -26,7 +26,9 @@ func OpenFabric(i *Info) (*Fabric, error) {
 	}
 	defer C.fi_freeinfo(ci)
 	f := &Fabric{}
-	if err := check("fi_fabric", C.fi_fabric(ci.fabric_attr, &f.c, nil)); err != nil {
+	var rc C.int
+	initialize(func() { rc = C.fi_fabric(ci.fabric_attr, &f.c, nil) })
+	if err := check("fi_fabric", rc); err != nil {
 		return nil, err
 	}
 	return f, nil
