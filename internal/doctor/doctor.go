@@ -300,16 +300,16 @@ func checkCMA(ctx context.Context, exe string) Check {
 	switch {
 	case err != nil:
 		c.Status, c.Detail = Warn, "process_vm_writev into a child process failed: "+err.Error()
-		c.Fix = "shm then copies through shared memory (slower, needs the target to progress); allow ptrace between the processes " +
+		c.Fix = "same-node transfers then go over libfabric's shm (slower, needs the target to progress); allow ptrace between the processes " +
 			"(echo 0 > /proc/sys/kernel/yama/ptrace_scope, or CAP_SYS_PTRACE; docker: --cap-add SYS_PTRACE)"
 	case scope == "1":
 		c.Status, c.Detail = Warn, "process_vm_writev works to a child, but yama ptrace_scope=1 blocks it between unrelated processes"
-		c.Fix = "for single-copy shm between unrelated processes: echo 0 > /proc/sys/kernel/yama/ptrace_scope, or give CAP_SYS_PTRACE"
+		c.Fix = "for fitransfer's cma route (and 1.x shm's single copy) between unrelated processes: echo 0 > /proc/sys/kernel/yama/ptrace_scope, or give CAP_SYS_PTRACE"
 	case scope == "2" || scope == "3":
 		c.Status, c.Detail = Warn, "yama ptrace_scope="+scope+": CMA needs CAP_SYS_PTRACE"
 		c.Fix = "run with CAP_SYS_PTRACE, or lower /proc/sys/kernel/yama/ptrace_scope"
 	default:
-		c.Detail = "process_vm_writev into another process works (shm single-copy RMA)"
+		c.Detail = "process_vm_writev into another process works (fitransfer's cma route; 1.x shm's single-copy RMA)"
 		if scope != "" {
 			c.Detail += "; yama ptrace_scope=" + scope
 		}
