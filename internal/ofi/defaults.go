@@ -33,17 +33,18 @@ func ShmCMAOffByDefault() bool { return shmCMAOff.Load() }
 // set FI_SHM_DISABLE_CMA. fitransfer already turns shm's fast path off
 // there (FI_ORDER_RAR); what CMA still does is have the target copy
 // with process_vm_readv/writev: every read, and writes over 4 KiB. shm's
-// own bounce-buffer protocol (SAR) took 1.00 µs for an 8-byte read here
-// against 2.27, and moved 64 KiB to 16 MiB about twice as fast
+// own bounce-buffer protocol (SAR) took 1.10 µs for an 8-byte read here
+// against 2.31, and moved 64 KiB to 16 MiB about twice as fast
 // (docs/PERFORMANCE.md). It is also what shm does toward the peers
 // fitransfer routes over it in practice: the same-node peers CMA does not
 // reach, and device memory (cma serves the others).
 //
-// The variable is in the environment only while a call of its own
-// (fi_getparams) initializes libfabric, so that call, when it is
-// fi_getparams, shows the environment as the user left it, and processes
-// started later (fabtests' tools) keep their defaults; one started by
-// another goroutine at that moment inherits it.
+// The variable is in the environment only while an fi_getparams of
+// initialize's own initializes libfabric: the caller's call then sees
+// the environment as the user left it (fitransfer info -e prints what
+// fi_info -e does), and processes started later (fabtests' tools) keep
+// their defaults; one started by another goroutine at that moment
+// inherits the variable.
 func initialize(call func()) {
 	initOnce.Do(func() {
 		if RuntimeVersion().Major() < 2 {
