@@ -642,7 +642,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	j := x.Job()
 	if o.op == progress.Write {
 		reaches := o.peer != nil && b.Provider == fabric.BackendSHM && m.reach.Reaches(o.peer.pid, o.peer.cma.table)
-		j.Flags = b.WriteFlags(b.Completion(m.cfg.transmitComplete, o.sourceFree), o.peer != nil, reaches)
+		j.Flags = b.WriteFlags(b.Completion(m.cfg.transmitComplete, o.sourceFree, o.remote.n), o.peer != nil, reaches)
 	}
 	st := x.Local().(*bufState)
 	lv := view{st, o.local.off, o.local.n}

@@ -549,7 +549,7 @@ func (p *peerTools) runFloor(ctx context.Context, r perftest.Row) peerResult {
 // reaches, and its pingpongs' writes are Action.InjectComplete.
 func floorFlags(r perftest.Row) fabric.OpFlags {
 	prov := fabric.Backend(r.Provider)
-	want := libfabric.CompletionOver(prov, false, r.Op == "pingpong")
+	want := libfabric.CompletionOver(prov, false, r.Op == "pingpong", r.Bytes)
 	return fabric.OpFlags(libfabric.WriteFlagsOver(prov, want, true, true))
 }
 

@@ -17,22 +17,25 @@ const (
 	SourceFree
 )
 
-// Completion is what a write on r must wait for when its manager asked
-// for transmit completion (transmit) and its action let it complete once
-// its source may be reused (sourceFree): SourceFree only over tcp;ofi_rxm,
-// where it spares each write the owner's acknowledgement (see
-// WriteFlags); elsewhere what the manager asked for. On shm it would end
-// a write's mark, which the owner's Close waits for, before the owner's
-// provider has copied a write above the inline size (docs/PERFORMANCE.md);
-// efa is unmeasured.
-func (r *Route) Completion(transmit, sourceFree bool) Completion {
-	return CompletionOver(r.Provider, transmit, sourceFree)
+// Completion is what a write of n bytes on r must wait for when its
+// manager asked for transmit completion (transmit) and its action let it
+// complete once its source may be reused (sourceFree): SourceFree over
+// tcp;ofi_rxm, where it spares each write the owner's acknowledgement
+// (see WriteFlags), and over libfabric 2.x's shm for writes of at most
+// ShmInlineMax bytes; elsewhere what the manager asked for. A larger
+// shm write would end its mark, which the owner's Close waits for,
+// before the owner's provider has copied it (shm.go); on 1.x, shm's
+// single copy completes a write once copied anyway; efa is unmeasured.
+func (r *Route) Completion(transmit, sourceFree bool, n uint64) Completion {
+	return CompletionOver(r.Provider, transmit, sourceFree, n)
 }
 
 // CompletionOver is Route.Completion for a route over provider.
-func CompletionOver(provider fabric.Backend, transmit, sourceFree bool) Completion {
+func CompletionOver(provider fabric.Backend, transmit, sourceFree bool, n uint64) Completion {
 	switch {
 	case sourceFree && provider == fabric.BackendTCP:
+		return SourceFree
+	case sourceFree && provider == fabric.BackendSHM && n <= ShmInlineMax && shmOwnerCopies():
 		return SourceFree
 	case transmit:
 		return Transmitted
@@ -47,7 +50,10 @@ func CompletionOver(provider fabric.Backend, transmit, sourceFree bool) Completi
 //   - SourceFree is FI_INJECT_COMPLETE. The tcp provider answers every
 //     write that asks for transmit or delivery completion with an
 //     acknowledgement from the owner (xnet_set_ack_flags,
-//     prov/tcp/src/xnet.h), a message back and a system call on each side.
+//     prov/tcp/src/xnet.h), a message back and a system call on each side;
+//     2.x's shm moves a delivery-complete write through its bounce
+//     buffers (SAR) over several rounds of the owner's progress, where a
+//     small one without that flag rides in its command.
 //   - Transmitted is FI_TRANSMIT_COMPLETE.
 //   - On shm, a verified owner that process_vm_readv reaches gets
 //     FI_TRANSMIT_COMPLETE: shm's single copy lands the bytes before it

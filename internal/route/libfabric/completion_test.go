@@ -1,16 +1,25 @@
 package libfabric
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // TestWriteFlags: the completion flag of a write, provider by provider,
 // from what its manager (transmit) and its action (source free) asked
-// for, where it does not depend on shm's single copy.
+// for and its size, where it does not depend on shm's single copy. Over
+// shm, source free counts on libfabric 2.x only, for writes shm carries
+// inside its command.
 func TestWriteFlags(t *testing.T) {
 	tcp := &Route{Provider: fabric.BackendTCP}
 	shm := &Route{Provider: fabric.BackendSHM}
@@ -20,23 +29,100 @@ func TestWriteFlags(t *testing.T) {
 		transmit = uint64(fabric.OpTransmitComplete)
 		inject   = uint64(fabric.OpInjectComplete)
 	)
+	shmSmall := delivery // 1.x: shm's single copy completes once copied
+	if fabric.RuntimeVersion().Major() >= 2 {
+		shmSmall = inject
+	}
 	for _, tt := range []struct {
 		name                 string
 		r                    *Route
 		transmit, sourceFree bool
+		n                    uint64
 		flag                 uint64
 	}{
-		{"tcp", tcp, false, false, delivery},
-		{"tcp, transmit", tcp, true, false, transmit},
-		{"tcp, source free: no acknowledgement", tcp, false, true, inject},
-		{"tcp, transmit and source free", tcp, true, true, inject},
-		{"efa, transmit", efa, true, false, transmit},
-		{"efa, source free: as without", efa, false, true, delivery},
-		{"efa, transmit and source free: as transmit", efa, true, true, transmit},
-		{"shm, transmit", shm, true, false, transmit},
-		{"shm unverified, source free: as without", shm, false, true, delivery},
-		{"shm, transmit and source free: as transmit", shm, true, true, transmit},
+		{"tcp", tcp, false, false, 8, delivery},
+		{"tcp, transmit", tcp, true, false, 8, transmit},
+		{"tcp, source free: no acknowledgement", tcp, false, true, 8, inject},
+		{"tcp, transmit and source free", tcp, true, true, 8, inject},
+		{"efa, transmit", efa, true, false, 8, transmit},
+		{"efa, source free: as without", efa, false, true, 8, delivery},
+		{"efa, transmit and source free: as transmit", efa, true, true, 8, transmit},
+		{"shm, transmit", shm, true, false, 8, transmit},
+		{"shm, source free, inline size", shm, false, true, ShmInlineMax, shmSmall},
+		{"shm, source free, above the inline size: as without", shm, false, true, ShmInlineMax + 1, delivery},
+		{"shm, transmit and source free, above the inline size: as transmit", shm, true, true, 4096, transmit},
+		{"tcp, source free, any size", tcp, false, true, 1 << 20, inject},
 	} {
-		assert.Equal(t, tt.flag, tt.r.WriteFlags(tt.r.Completion(tt.transmit, tt.sourceFree), false, false), tt.name)
+		assert.Equal(t, tt.flag, tt.r.WriteFlags(tt.r.Completion(tt.transmit, tt.sourceFree, tt.n), false, false), tt.name)
 	}
+}
+
+// TestInjectCompleteShmWriteAtClose: an 8 B write over libfabric 2.x's
+// shm that may complete once its source is free completes while the
+// owner cannot progress (its endpoint held, as Buffer.Close holds it to
+// close a registration), and when the owner closes the registration
+// before it progresses, the write does not land: its provider looks up
+// the key in the same step as it copies. A later delivery-complete write
+// from the same initiator, which the owner handles after the first
+// (one command queue), lands. On 1.x such a write is not source free.
+func TestInjectCompleteShmWriteAtClose(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	if fabric.RuntimeVersion().Major() == 1 {
+		require.NotEqual(t, SourceFree, CompletionOver(fabric.BackendSHM, false, true, 8))
+		return
+	}
+	// Freed after the routes close (cleanups run last first): a loop may
+	// still look at an op of a failed run.
+	omem, err := mr.Alloc(8192)
+	require.NoError(t, err)
+	t.Cleanup(func() { mr.Free(omem) })
+	imem, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	t.Cleanup(func() { mr.Free(imem) })
+	copy(imem, "landed!!")
+	copy(imem[64:], "sentinel")
+	copy(imem[128:], "connect!")
+	// As a manager opens shm on 2.x: its fast RMA off, the owner copies.
+	hints := func() *fabric.Info { return fabric.WithoutShmFastRMA(fabric.RMAHints(string(fabric.BackendSHM))) }
+	owner, initiator := openWith(t, fabric.BackendSHM, hints()), openWith(t, fabric.BackendSHM, hints())
+	closed, err := owner.Register(mr.HostRegion(omem[:4096], mr.ReadWrite))
+	require.NoError(t, err)
+	kept, err := owner.Register(mr.HostRegion(omem[4096:], mr.ReadWrite))
+	require.NoError(t, err)
+	defer owner.Do(func() { _ = kept.Close() })
+	imr, err := initiator.Register(mr.HostRegion(imem, 0))
+	require.NoError(t, err)
+	defer initiator.Do(func() { _ = imr.Close() })
+	p, err := initiator.Peer(owner.EndpointName())
+	require.NoError(t, err)
+	defer p.Done()
+
+	write := func(m *fabric.MR, target []byte, local uint64, want Completion) error {
+		x := initiator.NewXfer(new(holder))
+		defer x.Release()
+		x.Aim(p, progress.Write, time.Now(), time.Now().Add(5*time.Second), 0)
+		x.Job().Flags = initiator.WriteFlags(want, false, false)
+		x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(imem[local:]), Desc: imr.Desc(), Len: 8,
+			Remote: mr.RemoteAddr(owner.VirtAddr, mr.Addr(target), 0), Key: m.Key()})
+		if err := x.Submit(); err != nil {
+			return err
+		}
+		if err := initiator.Wait(context.Background(), x); err != nil {
+			return err
+		}
+		return errors.Join(x.Job().Errs...)
+	}
+	// The first op toward an owner connects, which takes the owner's
+	// progress.
+	require.NoError(t, write(kept, omem[4096:], 128, Delivered), "the first write")
+	var injected, closeErr error
+	require.NoError(t, owner.Do(func() {
+		injected = write(closed, omem[:4096], 0, initiator.Completion(false, true, 8))
+		closeErr = closed.Close()
+	}))
+	require.NoError(t, injected, "the write completes while the owner's endpoint is held")
+	require.NoError(t, closeErr)
+	require.NoError(t, write(kept, omem[4096:], 64, Delivered), "the delivery-complete write after it")
+	assert.Equal(t, "sentinel", string(omem[4096:4104]))
+	assert.Equal(t, make([]byte, 8), omem[:8], "the source-free write landed after its registration was closed")
 }

@@ -26,7 +26,13 @@ func TestMain(m *testing.M) {
 // open opens a route of provider, as a manager does.
 func open(t *testing.T, provider fabric.Backend) *Route {
 	t.Helper()
-	infos, err := fabric.GetInfo(fabric.Query{Hints: fabric.RMAHints(string(provider))})
+	return openWith(t, provider, fabric.RMAHints(string(provider)))
+}
+
+// openWith opens a route of provider with hints.
+func openWith(t *testing.T, provider fabric.Backend, hints *fabric.Info) *Route {
+	t.Helper()
+	infos, err := fabric.GetInfo(fabric.Query{Hints: hints})
 	require.NoError(t, err)
 	require.NotEmpty(t, infos)
 	r, err := Open(0, &infos[0], "test", "forced", progress.DefaultPollPolicy, zerolog.Nop(), 0)

@@ -40,6 +40,22 @@ func shmSingleCopyAllowed() bool {
 	return cmaSetting.ok
 }
 
+// ShmInlineMax is the most bytes a write over libfabric 2.x's shm carries
+// inside its command (SMR_MSG_DATA_LEN, prov/shm/src/smr_util.h: 192 in
+// 2.0 to 2.5, 200 in 2.6) when it does not ask for delivery completion.
+// The owner's provider copies such a write in the same step of its
+// progress that looks up the key (smr_progress_cmd_rma), so once the
+// owner's Close has closed the registration, under its endpoint's drive
+// lock, the write cannot land; it completes when posted. Larger writes go
+// through an inject buffer, whose slot the owner does not give back when
+// it refuses the key (2.1), or over several rounds (SAR).
+const ShmInlineMax = 192
+
+// shmOwnerCopies reports whether shm's owner copies every RMA op in its
+// own progress: on libfabric 2.x, where fitransfer turns shm's fast RMA
+// off (fabric.WithoutShmFastRMA).
+var shmOwnerCopies = sync.OnceValue(func() bool { return fabric.RuntimeVersion().Major() >= 2 })
+
 // SingleCopy reports whether this process's shm copies RMA ops itself
 // with process_vm_readv/writev toward a peer that process_vm_readv
 // reaches (libfabric 1.x's single-copy path, see above), the owner not
