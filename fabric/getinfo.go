@@ -171,3 +171,9 @@ func WithoutShmFastRMA(h *Info) *Info {
 	h.Tx.MsgOrder |= ofi.OrderRAR
 	return h
 }
+
+// ShmFastRMAOff reports whether an shm endpoint of in runs without fast
+// RMA: it keeps read-after-read order (WithoutShmFastRMA), which shm
+// clears from what it returns when it takes the fast path
+// (smr_getinfo, prov/shm/src/smr_init.c).
+func ShmFastRMAOff(in *Info) bool { return in.Tx.MsgOrder&ofi.OrderRAR != 0 }

@@ -90,15 +90,17 @@ func (a *Action) AllowOverlap() *Action {
 // at a time and a millisecond apart, for up to 100 ms, until rxm has
 // connected anew; an action of many such ops may fail in part, retryable
 // (docs/RELIABILITY.md).
-// Over libfabric 2.x's shm, a write of at most 192 bytes (what shm
-// carries inside its command) completes once posted, before the owner's
-// provider copies it; that copy looks up the key, so such a write never
-// lands once the owner's Close has returned.
+// Over libfabric 2.0 to 2.6's shm, a write of at most 192 bytes of host
+// memory (what shm carries inside its command) completes once posted,
+// before the owner's provider copies it; that copy looks up the key, so
+// such a write never lands once the owner's Close has returned, and a
+// refused one is dropped.
 // It is for protocols in which the target answers each write, such as a
 // pingpong, where waiting for the write's own completion costs a message:
 // over tcp;ofi_rxm the owner acknowledges every write that asks for
-// transmit or delivery completion, and 2.x's shm moves a delivery-complete
-// write through its bounce buffers. Other writes complete as without it.
+// transmit or delivery completion, and on 2.x's shm such a write waits for
+// the owner's answer (2.1 moves it through shm's bounce buffers). Other
+// writes complete as without it.
 // It survives Reset.
 func (a *Action) InjectComplete() *Action {
 	a.sourceFree = true

@@ -142,7 +142,11 @@ func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
 // registration closed (smr_progress_sar_list, v2.1.0). Marked first, then
 // the generation looked at, as a cma op (cma.Mark): a part of a buffer
 // closed since the check posts nothing. x keeps the mark until the loop
-// is done with its job (libfabric.Xfer.HoldUse). Without a link the part
+// is done with its job (libfabric.Xfer.HoldUse): for an
+// Action.InjectComplete write of at most libfabric.ShmInlineMax bytes on
+// 2.x, once posted; the owner's provider copies such a write in the call
+// that looks up its key, so a Close that closed the registration first
+// stops it there. Without a link the part
 // runs unmarked.
 func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot

@@ -102,7 +102,10 @@
 // of an Action set to InjectComplete returns nil once its bytes are in the
 // socket: the owner's refusal, or a connection lost after that, is not
 // reported to it (one posted to a connection already lost, or flushed
-// before it was sent, fails as above). A mem
+// before it was sent, fails as above). Over libfabric 2.x's shm, such a
+// write of at most 192 bytes returns nil once posted: the owner's
+// provider drops it, unreported, when the key is gone by the time it
+// copies (Action.InjectComplete). A mem
 // op that finds its link to a live owner ended before it copied (another
 // op's request on the link failed, this manager verified the owner again,
 // or the owner replaced its shm endpoint) moved nothing and is routed

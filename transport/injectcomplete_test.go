@@ -73,7 +73,9 @@ func TestInjectCompleteWrites(t *testing.T) {
 // a buffer its owner closed returns nil over tcp;ofi_rxm, as
 // Action.InjectComplete documents (the owner's provider refuses it after
 // the write completed), and fails with ErrStaleHandle over the same-node
-// routes, which complete as without InjectComplete. Either way reads
+// routes, whose check of the handle fails before anything is posted
+// (2.x's shm too, where the write would otherwise complete once posted).
+// Either way reads
 // right after it of another buffer of that owner get their bytes — one
 // read, four at once — although over tcp the refusal dropped the
 // connection they were about to take.

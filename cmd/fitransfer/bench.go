@@ -546,10 +546,12 @@ func (p *peerTools) runFloor(ctx context.Context, r perftest.Row) peerResult {
 // floorFlags is the completion fitransfer's writes of r ask for, as its
 // routes pick it (libfabric.CompletionOver and WriteFlagsOver): bench's
 // owner is a verified process of this node that process_vm_readv
-// reaches, and its pingpongs' writes are Action.InjectComplete.
+// reaches, its pingpongs' writes are Action.InjectComplete, and the
+// floor opens shm as transport does (floor.Hints).
 func floorFlags(r perftest.Row) fabric.OpFlags {
 	prov := fabric.Backend(r.Provider)
-	want := libfabric.CompletionOver(prov, false, r.Op == "pingpong", r.Bytes)
+	ownerCopies := prov == fabric.BackendSHM && libfabric.ShmOwnerCopies(floor.Hints(r.Provider))
+	want := libfabric.CompletionOver(prov, ownerCopies, false, r.Op == "pingpong", r.Bytes)
 	return fabric.OpFlags(libfabric.WriteFlagsOver(prov, want, true, true))
 }
 

@@ -282,7 +282,7 @@ func (y *yielder) maybe() {
 // peer's (from r). Its op is an 8-byte write with a completion and
 // flags.
 func setup(prov string, flags fabric.OpFlags, r *bufio.Reader, w io.Writer) (*side, error) {
-	infos, err := fabric.GetInfo(fabric.Query{Hints: hints(prov)})
+	infos, err := fabric.GetInfo(fabric.Query{Hints: Hints(prov)})
 	if err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
@@ -343,10 +343,11 @@ func (s *side) open(info *fabric.Info, flags fabric.OpFlags, r *bufio.Reader, w 
 	return nil
 }
 
-// hints are fitransfer's for prov (transport's discover): its RMA hints,
-// and on libfabric 2.x read-after-read order for shm, which turns off
-// shm's fast RMA (the target copies, and checks the key).
-func hints(prov string) *fabric.Info {
+// Hints are fitransfer's for prov (transport's discover), which the
+// floor's endpoints are opened with: its RMA hints, and on libfabric 2.x
+// read-after-read order for shm, which turns off shm's fast RMA (the
+// target copies, and checks the key).
+func Hints(prov string) *fabric.Info {
 	h := fabric.RMAHints(prov)
 	if prov == string(fabric.BackendSHM) && fabric.RuntimeVersion().Major() >= 2 {
 		fabric.WithoutShmFastRMA(h)

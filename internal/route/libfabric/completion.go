@@ -21,21 +21,24 @@ const (
 // manager asked for transmit completion (transmit) and its action let it
 // complete once its source may be reused (sourceFree): SourceFree over
 // tcp;ofi_rxm, where it spares each write the owner's acknowledgement
-// (see WriteFlags), and over libfabric 2.x's shm for writes of at most
-// ShmInlineMax bytes; elsewhere what the manager asked for. A larger
-// shm write would end its mark, which the owner's Close waits for,
-// before the owner's provider has copied it (shm.go); on 1.x, shm's
-// single copy completes a write once copied anyway; efa is unmeasured.
+// (see WriteFlags), and over shm where the owner's provider copies every
+// write (ShmOwnerCopies) for writes of at most ShmInlineMax bytes;
+// elsewhere what the manager asked for. A larger shm write would end its
+// mark, which the owner's Close waits for, before the owner's provider
+// has copied it (shm.go); 1.x's shm copies a write toward an owner that
+// process_vm_readv reaches before it completes it anyway; efa is
+// unmeasured.
 func (r *Route) Completion(transmit, sourceFree bool, n uint64) Completion {
-	return CompletionOver(r.Provider, transmit, sourceFree, n)
+	return CompletionOver(r.Provider, r.Provider == fabric.BackendSHM && ShmOwnerCopies(&r.Info), transmit, sourceFree, n)
 }
 
-// CompletionOver is Route.Completion for a route over provider.
-func CompletionOver(provider fabric.Backend, transmit, sourceFree bool, n uint64) Completion {
+// CompletionOver is Route.Completion for a route over provider;
+// ownerCopies: over shm, ShmOwnerCopies of its endpoint's info.
+func CompletionOver(provider fabric.Backend, ownerCopies, transmit, sourceFree bool, n uint64) Completion {
 	switch {
 	case sourceFree && provider == fabric.BackendTCP:
 		return SourceFree
-	case sourceFree && provider == fabric.BackendSHM && n <= ShmInlineMax && shmOwnerCopies():
+	case sourceFree && provider == fabric.BackendSHM && ownerCopies && n <= ShmInlineMax:
 		return SourceFree
 	case transmit:
 		return Transmitted
@@ -51,9 +54,10 @@ func CompletionOver(provider fabric.Backend, transmit, sourceFree bool, n uint64
 //     write that asks for transmit or delivery completion with an
 //     acknowledgement from the owner (xnet_set_ack_flags,
 //     prov/tcp/src/xnet.h), a message back and a system call on each side;
-//     2.x's shm moves a delivery-complete write through its bounce
-//     buffers (SAR) over several rounds of the owner's progress, where a
-//     small one without that flag rides in its command.
+//     2.x's shm makes a delivery-complete write wait for the owner's
+//     progress and its answer (2.0 to 2.4 move it through bounce buffers,
+//     SAR, over several rounds), where a small one without that flag
+//     rides in its command and completes when posted.
 //   - Transmitted is FI_TRANSMIT_COMPLETE.
 //   - On shm, a verified owner that process_vm_readv reaches gets
 //     FI_TRANSMIT_COMPLETE: shm's single copy lands the bytes before it

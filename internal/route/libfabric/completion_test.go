@@ -23,6 +23,8 @@ import (
 func TestWriteFlags(t *testing.T) {
 	tcp := &Route{Provider: fabric.BackendTCP}
 	shm := &Route{Provider: fabric.BackendSHM}
+	fabric.WithoutShmFastRMA(&shm.Info) // as transport opens shm on 2.x
+	fastRMA := &Route{Provider: fabric.BackendSHM}
 	efa := &Route{Provider: fabric.BackendEFA}
 	const (
 		delivery = uint64(fabric.OpDeliveryComplete)
@@ -30,7 +32,7 @@ func TestWriteFlags(t *testing.T) {
 		inject   = uint64(fabric.OpInjectComplete)
 	)
 	shmSmall := delivery // 1.x: shm's single copy completes once copied
-	if fabric.RuntimeVersion().Major() >= 2 {
+	if v := fabric.RuntimeVersion(); v.Major() == 2 && v.Minor() <= 6 {
 		shmSmall = inject
 	}
 	for _, tt := range []struct {
@@ -50,6 +52,7 @@ func TestWriteFlags(t *testing.T) {
 		{"shm, transmit", shm, true, false, 8, transmit},
 		{"shm, source free, inline size", shm, false, true, ShmInlineMax, shmSmall},
 		{"shm, source free, above the inline size: as without", shm, false, true, ShmInlineMax + 1, delivery},
+		{"shm with fast RMA, source free: as without (the initiator would copy, unchecked)", fastRMA, false, true, 8, delivery},
 		{"shm, transmit and source free, above the inline size: as transmit", shm, true, true, 4096, transmit},
 		{"tcp, source free, any size", tcp, false, true, 1 << 20, inject},
 	} {
@@ -62,13 +65,15 @@ func TestWriteFlags(t *testing.T) {
 // owner cannot progress (its endpoint held, as Buffer.Close holds it to
 // close a registration), and when the owner closes the registration
 // before it progresses, the write does not land: its provider looks up
-// the key in the same step as it copies. A later delivery-complete write
-// from the same initiator, which the owner handles after the first
-// (one command queue), lands. On 1.x such a write is not source free.
+// the key in the same call as it copies. A later delivery-complete write
+// from the same initiator, which the owner handles after the first (one
+// command queue), lands. On 1.x such a write is not source free.
 func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
+	// As a manager opens shm on 2.x: its fast RMA off, the owner copies.
+	hints := func() *fabric.Info { return fabric.WithoutShmFastRMA(fabric.RMAHints(string(fabric.BackendSHM))) }
 	if fabric.RuntimeVersion().Major() == 1 {
-		require.NotEqual(t, SourceFree, CompletionOver(fabric.BackendSHM, false, true, 8))
+		require.NotEqual(t, SourceFree, CompletionOver(fabric.BackendSHM, ShmOwnerCopies(hints()), false, true, 8))
 		return
 	}
 	// Freed after the routes close (cleanups run last first): a loop may
@@ -82,25 +87,31 @@ func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	copy(imem, "landed!!")
 	copy(imem[64:], "sentinel")
 	copy(imem[128:], "connect!")
-	// As a manager opens shm on 2.x: its fast RMA off, the owner copies.
-	hints := func() *fabric.Info { return fabric.WithoutShmFastRMA(fabric.RMAHints(string(fabric.BackendSHM))) }
 	owner, initiator := openWith(t, fabric.BackendSHM, hints()), openWith(t, fabric.BackendSHM, hints())
+	require.True(t, ShmOwnerCopies(&initiator.Info), "shm keeps read-after-read order: no fast RMA")
 	closed, err := owner.Register(mr.HostRegion(omem[:4096], mr.ReadWrite))
 	require.NoError(t, err)
+	closedOpen := true
+	defer func() {
+		if closedOpen {
+			_ = owner.Do(func() { _ = closed.Close() })
+		}
+	}()
 	kept, err := owner.Register(mr.HostRegion(omem[4096:], mr.ReadWrite))
 	require.NoError(t, err)
 	defer owner.Do(func() { _ = kept.Close() })
 	imr, err := initiator.Register(mr.HostRegion(imem, 0))
 	require.NoError(t, err)
 	defer initiator.Do(func() { _ = imr.Close() })
-	p, err := initiator.Peer(owner.EndpointName())
-	require.NoError(t, err)
-	defer p.Done()
 
 	write := func(m *fabric.MR, target []byte, local uint64, want Completion) error {
+		p, err := initiator.Peer(owner.EndpointName())
+		if err != nil {
+			return err
+		}
 		x := initiator.NewXfer(new(holder))
 		defer x.Release()
-		x.Aim(p, progress.Write, time.Now(), time.Now().Add(5*time.Second), 0)
+		x.Aim(p, progress.Write, time.Now(), time.Now().Add(5*time.Second), 0) // x holds p until its job is idle
 		x.Job().Flags = initiator.WriteFlags(want, false, false)
 		x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(imem[local:]), Desc: imr.Desc(), Len: 8,
 			Remote: mr.RemoteAddr(owner.VirtAddr, mr.Addr(target), 0), Key: m.Key()})
@@ -119,6 +130,7 @@ func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	require.NoError(t, owner.Do(func() {
 		injected = write(closed, omem[:4096], 0, initiator.Completion(false, true, 8))
 		closeErr = closed.Close()
+		closedOpen = false
 	}))
 	require.NoError(t, injected, "the write completes while the owner's endpoint is held")
 	require.NoError(t, closeErr)

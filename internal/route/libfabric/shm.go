@@ -22,7 +22,9 @@ import (
 // ptrace_scope that allows only descendants) — it asks for
 // FI_TRANSMIT_COMPLETE and still delivers what WriteFrom promises. For any
 // other peer, and on libfabric 2.x whose shm it has not verified, writes
-// keep FI_DELIVERY_COMPLETE.
+// keep FI_DELIVERY_COMPLETE, unless the caller asked for less
+// (WithTransmitComplete; Action.InjectComplete for writes of at most
+// ShmInlineMax on 2.x, completion.go).
 
 var cmaSetting struct {
 	once sync.Once
@@ -40,21 +42,35 @@ func shmSingleCopyAllowed() bool {
 	return cmaSetting.ok
 }
 
-// ShmInlineMax is the most bytes a write over libfabric 2.x's shm carries
-// inside its command (SMR_MSG_DATA_LEN, prov/shm/src/smr_util.h: 192 in
-// 2.0 to 2.5, 200 in 2.6) when it does not ask for delivery completion.
-// The owner's provider copies such a write in the same step of its
-// progress that looks up the key (smr_progress_cmd_rma), so once the
-// owner's Close has closed the registration, under its endpoint's drive
-// lock, the write cannot land; it completes when posted. Larger writes go
-// through an inject buffer, whose slot the owner does not give back when
-// it refuses the key (2.1), or over several rounds (SAR).
+// ShmInlineMax is the most bytes a write of host memory over libfabric
+// 2.x's shm carries inside its command when it does not ask for delivery
+// completion (SMR_MSG_DATA_LEN, prov/shm/src/smr_util.h: 192 in 2.0 to
+// 2.4, 320 in 2.5, 200 in 2.6). The owner's provider copies such a write
+// in the same call of its progress that looks up the key
+// (smr_progress_cmd_rma), and fitransfer runs that progress and closes a
+// registration under the same drive lock, so once the owner's Close has
+// closed the registration the write cannot land; it completes when
+// posted. A larger one goes through an inject buffer, whose slot 2.0 to
+// 2.4 do not give back when the owner refuses the key, or over several
+// rounds (SAR).
 const ShmInlineMax = 192
 
-// shmOwnerCopies reports whether shm's owner copies every RMA op in its
-// own progress: on libfabric 2.x, where fitransfer turns shm's fast RMA
-// off (fabric.WithoutShmFastRMA).
-var shmOwnerCopies = sync.OnceValue(func() bool { return fabric.RuntimeVersion().Major() >= 2 })
+// ShmOwnerCopies reports whether the owner's provider copies every write
+// that an shm endpoint of in posts, checking its key: libfabric 2.0 to
+// 2.6 (the versions whose shm was read for ShmInlineMax), with shm's
+// fast RMA off (fabric.WithoutShmFastRMA, as transport and the floor
+// open shm on 2.x; shm keeps the read-after-read order only then). With
+// fast RMA the initiator copies a write that does not ask for delivery
+// completion itself, with no key check.
+func ShmOwnerCopies(in *fabric.Info) bool {
+	return shmReadVersion() && fabric.ShmFastRMAOff(in)
+}
+
+// shmReadVersion: the runtime libfabric is 2.0 to 2.6.
+var shmReadVersion = sync.OnceValue(func() bool {
+	v := fabric.RuntimeVersion()
+	return v.Major() == 2 && v.Minor() <= 6
+})
 
 // SingleCopy reports whether this process's shm copies RMA ops itself
 // with process_vm_readv/writev toward a peer that process_vm_readv
