@@ -173,7 +173,7 @@ func WithoutShmFastRMA(h *Info) *Info {
 }
 
 // ShmFastRMAOff reports whether an shm endpoint of in runs without fast
-// RMA: it keeps read-after-read order (WithoutShmFastRMA), which shm
-// clears from what it returns when it takes the fast path
-// (smr_getinfo, prov/shm/src/smr_init.c).
+// RMA: in, hints or what shm returned for them, has read-after-read
+// order (WithoutShmFastRMA), which shm clears from what it returns when
+// it takes the fast path (smr_getinfo, prov/shm/src/smr_init.c).
 func ShmFastRMAOff(in *Info) bool { return in.Tx.MsgOrder&ofi.OrderRAR != 0 }

@@ -144,10 +144,10 @@ func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
 // closed since the check posts nothing. x keeps the mark until the loop
 // is done with its job (libfabric.Xfer.HoldUse): for an
 // Action.InjectComplete write of at most libfabric.ShmInlineMax bytes on
-// 2.x, once posted; the owner's provider copies such a write in the call
-// that looks up its key, so a Close that closed the registration first
-// stops it there. Without a link the part
-// runs unmarked.
+// 2.0 to 2.6 (libfabric.ShmOwnerCopies), once posted; the owner's
+// provider copies such a write in the call that looks up its key, so a
+// Close that closed the registration first stops it there. Without a
+// link the part runs unmarked.
 func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot
 	k := cma.Mark{Use: &l.uses[slot], Ended: &l.done} // checksLink bounded the slot

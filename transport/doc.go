@@ -102,13 +102,13 @@
 // of an Action set to InjectComplete returns nil once its bytes are in the
 // socket: the owner's refusal, or a connection lost after that, is not
 // reported to it (one posted to a connection already lost, or flushed
-// before it was sent, fails as above). Over libfabric 2.x's shm, such a
-// write of at most 192 bytes returns nil once posted: the owner's
+// before it was sent, fails as above). Over libfabric 2.0 to 2.6's shm,
+// such a write of at most 192 bytes returns nil once posted: the owner's
 // provider drops it, unreported, when the key is gone by the time it
-// copies (Action.InjectComplete). A mem
-// op that finds its link to a live owner ended before it copied (another
-// op's request on the link failed, this manager verified the owner again,
-// or the owner replaced its shm endpoint) moved nothing and is routed
+// copies (Action.InjectComplete). A mem op that finds its link to a live
+// owner ended before it copied (another op's request on the link failed,
+// this manager verified the owner again, or the owner replaced its shm
+// endpoint) moved nothing and is routed
 // again within its request, twice at most and while the request's
 // context and deadline last; one that still finds it so fails
 // retryable, and the next op dials again. On efa

@@ -74,10 +74,10 @@ func TestInjectCompleteWrites(t *testing.T) {
 // Action.InjectComplete documents (the owner's provider refuses it after
 // the write completed), and fails with ErrStaleHandle over the same-node
 // routes, whose check of the handle fails before anything is posted
-// (2.x's shm too, where the write would otherwise complete once posted).
-// Either way reads
-// right after it of another buffer of that owner get their bytes — one
-// read, four at once — although over tcp the refusal dropped the
+// (2.0 to 2.6's shm too, where the write would otherwise complete once
+// posted). Either way reads right after it of another buffer of that
+// owner get their bytes — one read, four at once — although over tcp the
+// refusal dropped the
 // connection they were about to take.
 func TestInjectCompleteRefusedWrite(t *testing.T) {
 	const n = 4096

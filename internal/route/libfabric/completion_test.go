@@ -18,8 +18,8 @@ import (
 // TestWriteFlags: the completion flag of a write, provider by provider,
 // from what its manager (transmit) and its action (source free) asked
 // for and its size, where it does not depend on shm's single copy. Over
-// shm, source free counts on libfabric 2.x only, for writes shm carries
-// inside its command.
+// shm, source free counts on libfabric 2.0 to 2.6 only, without fast
+// RMA, for writes shm carries inside its command.
 func TestWriteFlags(t *testing.T) {
 	tcp := &Route{Provider: fabric.BackendTCP}
 	shm := &Route{Provider: fabric.BackendSHM}
@@ -31,8 +31,8 @@ func TestWriteFlags(t *testing.T) {
 		transmit = uint64(fabric.OpTransmitComplete)
 		inject   = uint64(fabric.OpInjectComplete)
 	)
-	shmSmall := delivery // 1.x: shm's single copy completes once copied
-	if v := fabric.RuntimeVersion(); v.Major() == 2 && v.Minor() <= 6 {
+	shmSmall := delivery // 1.x: shm's single copy completes once copied; after 2.6: not read
+	if shmReadVersion() {
 		shmSmall = inject
 	}
 	for _, tt := range []struct {
@@ -60,19 +60,20 @@ func TestWriteFlags(t *testing.T) {
 	}
 }
 
-// TestInjectCompleteShmWriteAtClose: an 8 B write over libfabric 2.x's
-// shm that may complete once its source is free completes while the
+// TestInjectCompleteShmWriteAtClose: an 8 B write over libfabric 2.0 to
+// 2.6's shm that may complete once its source is free completes while the
 // owner cannot progress (its endpoint held, as Buffer.Close holds it to
 // close a registration), and when the owner closes the registration
 // before it progresses, the write does not land: its provider looks up
 // the key in the same call as it copies. A later delivery-complete write
 // from the same initiator, which the owner handles after the first (one
-// command queue), lands. On 1.x such a write is not source free.
+// command queue), lands. On 1.x (and after 2.6) such a write is not
+// source free.
 func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	// As a manager opens shm on 2.x: its fast RMA off, the owner copies.
 	hints := func() *fabric.Info { return fabric.WithoutShmFastRMA(fabric.RMAHints(string(fabric.BackendSHM))) }
-	if fabric.RuntimeVersion().Major() == 1 {
+	if !shmReadVersion() {
 		require.NotEqual(t, SourceFree, CompletionOver(fabric.BackendSHM, ShmOwnerCopies(hints()), false, true, 8))
 		return
 	}
@@ -88,7 +89,8 @@ func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	copy(imem[64:], "sentinel")
 	copy(imem[128:], "connect!")
 	owner, initiator := openWith(t, fabric.BackendSHM, hints()), openWith(t, fabric.BackendSHM, hints())
-	require.True(t, ShmOwnerCopies(&initiator.Info), "shm keeps read-after-read order: no fast RMA")
+	require.True(t, fabric.ShmFastRMAOff(&initiator.Info), "shm kept the read-after-read order: no fast RMA")
+	require.Equal(t, SourceFree, initiator.Completion(false, true, 8))
 	closed, err := owner.Register(mr.HostRegion(omem[:4096], mr.ReadWrite))
 	require.NoError(t, err)
 	closedOpen := true
@@ -128,7 +130,7 @@ func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	require.NoError(t, write(kept, omem[4096:], 128, Delivered), "the first write")
 	var injected, closeErr error
 	require.NoError(t, owner.Do(func() {
-		injected = write(closed, omem[:4096], 0, initiator.Completion(false, true, 8))
+		injected = write(closed, omem[:4096], 0, SourceFree)
 		closeErr = closed.Close()
 		closedOpen = false
 	}))

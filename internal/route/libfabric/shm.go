@@ -24,7 +24,7 @@ import (
 // other peer, and on libfabric 2.x whose shm it has not verified, writes
 // keep FI_DELIVERY_COMPLETE, unless the caller asked for less
 // (WithTransmitComplete; Action.InjectComplete for writes of at most
-// ShmInlineMax on 2.x, completion.go).
+// ShmInlineMax on 2.0 to 2.6, ShmOwnerCopies and completion.go).
 
 var cmaSetting struct {
 	once sync.Once
