@@ -60,6 +60,9 @@ type Route struct {
 	mu    sync.Mutex
 	peers map[string]*Peer // endpoint name → address
 	added map[string]int   // AddPeer calls not yet undone, per name
+	// unmapped: shm names whose region was gone when they were inserted
+	// (PeerBy); never inserted again.
+	unmapped map[string]bool
 
 	// shm: ops still in flight to peers that died (see Blocked).
 	deadOps   atomic.Int32
@@ -287,9 +290,13 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 	if p != nil {
 		p.uses.Add(1)
 	}
+	unmapped := r.unmapped[string(name)]
 	r.mu.Unlock()
 	if p != nil {
 		return p, nil
+	}
+	if unmapped {
+		return nil, shmRegionGone(name)
 	}
 	if err := r.CheckName(name); err != nil {
 		return nil, err
@@ -304,6 +311,19 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		}
 		var addr uint64
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
+			return
+		}
+		if r.Provider == fabric.BackendSHM && !shmRegionExists(name) {
+			// shm inserted a peer whose region it could not map: an op
+			// toward it would follow a nil region (see shmRegionExists).
+			// Removed again, and never inserted anew: the removal leaves
+			// the name in shm's map, where a later insert would find it.
+			r.loop.Endpoint().ForgetPeer(name)
+			if r.unmapped == nil {
+				r.unmapped = map[string]bool{}
+			}
+			r.unmapped[string(name)] = true
+			err = shmRegionGone(name)
 			return
 		}
 		raw := append([]byte(nil), name...)

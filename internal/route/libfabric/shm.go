@@ -1,11 +1,14 @@
 package libfabric
 
 import (
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 )
 
@@ -78,6 +81,32 @@ var shmReadVersion = sync.OnceValue(func() bool {
 // involved: then reading a few bytes of the owner with process_vm_readv
 // is what shm would do for them.
 func SingleCopy() bool { return shmSingleCopyAllowed() }
+
+// shmRegionExists reports whether the shared memory file of the shm
+// endpoint named name ("fi_shm://..."; shm's smr_no_prefix and SMR_DIR)
+// exists. Looked at right after the name was inserted: shm maps a peer's
+// region when it inserts it (1.x) or at the first op (2.x), and when the
+// file is gone by then, 1.x's smr_map_add still reports success with no
+// region, and an op toward that peer follows a nil pointer whenever the
+// slot it got last held a peer that had answered (smr_verify_peer trusts
+// the slot's old handshake; prov/util/src/util_shm.c, v1.17.0). That is
+// what a peer forgotten when its owner closed, and inserted again, met.
+func shmRegionExists(name []byte) bool {
+	s := strings.TrimRight(string(name), "\x00")
+	if i := strings.Index(s, "://"); i >= 0 {
+		s = s[i+3:]
+	}
+	if s == "" || strings.ContainsRune(s, '/') {
+		return false
+	}
+	_, err := os.Stat("/dev/shm/" + s)
+	return err == nil
+}
+
+// shmRegionGone is PeerBy's error for a peer whose region is gone.
+func shmRegionGone(name []byte) error {
+	return fmt.Errorf("%w: the shm endpoint %s no longer exists (its manager closed it)", errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
+}
 
 // ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.

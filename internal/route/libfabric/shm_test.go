@@ -1,0 +1,90 @@
+package libfabric
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// TestPeerWhoseRegionIsGone: an shm peer that answered once, was
+// forgotten, and closed its endpoint (its region file unlinked) is not
+// inserted again: Peer fails with ErrPeerGone, every time. Inserted
+// again, libfabric 1.x's shm took it with no region and crashed at the
+// next op (the slot kept the old handshake).
+func TestPeerWhoseRegionIsGone(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	hints := func() *fabric.Info {
+		h := fabric.RMAHints(string(fabric.BackendSHM))
+		if fabric.RuntimeVersion().Major() >= 2 {
+			fabric.WithoutShmFastRMA(h)
+		}
+		return h
+	}
+	mem, err := mr.Alloc(2 * 4096)
+	require.NoError(t, err)
+	t.Cleanup(func() { mr.Free(mem) }) // after the routes close
+	initiator := openWith(t, fabric.BackendSHM, hints())
+	imr, err := initiator.Register(mr.HostRegion(mem[:4096], 0))
+	require.NoError(t, err)
+	defer initiator.Do(func() { _ = imr.Close() })
+
+	// write writes 8 B to o's buffer omr, at mem[off:].
+	write := func(o *Route, omr *fabric.MR, off int) error {
+		p, err := initiator.Peer(o.EndpointName())
+		if err != nil {
+			return err
+		}
+		x := initiator.NewXfer(new(holder))
+		defer x.Release()
+		x.Aim(p, progress.Write, time.Now(), time.Now().Add(10*time.Second), 0)
+		x.Job().Flags = initiator.WriteFlags(Delivered, false, false)
+		x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(mem), Desc: imr.Desc(), Len: 8,
+			Remote: mr.RemoteAddr(o.VirtAddr, mr.Addr(mem[off:]), 0), Key: omr.Key()})
+		if err := x.Submit(); err != nil {
+			return err
+		}
+		if err := initiator.Wait(context.Background(), x); err != nil {
+			return err
+		}
+		return errors.Join(x.Job().Errs...)
+	}
+	infos, err := fabric.GetInfo(fabric.Query{Hints: hints()})
+	require.NoError(t, err)
+	gone, err := Open(0, &infos[0], "test", "forced", progress.DefaultPollPolicy, zerolog.Nop(), 0)
+	require.NoError(t, err)
+	gmr, err := gone.Register(mr.HostRegion(mem[4096:8192], mr.ReadWrite))
+	require.NoError(t, err)
+	require.NoError(t, write(gone, gmr, 4096), "the first write")
+	name := gone.EndpointName()
+	require.FileExists(t, "/dev/shm/"+strings.TrimRight(string(name[strings.Index(string(name), "://")+3:]), "\x00"),
+		"shm's region file, where shmRegionExists looks")
+
+	initiator.Forget(name)
+	// The write's last use of the peer may end after Forget, which then
+	// removes it: before its owner closes, as between two processes
+	// (in one, shm keeps a pointer to the owner's region).
+	require.Eventually(t, func() bool {
+		initiator.mu.Lock()
+		defer initiator.mu.Unlock()
+		return initiator.peers[string(name)] == nil
+	}, 10*time.Second, time.Millisecond, "the peer was not forgotten")
+	require.NoError(t, gone.Do(func() { _ = gmr.Close() }))
+	require.NoError(t, gone.Close())
+	for range 2 {
+		_, err = initiator.Peer(name)
+		require.ErrorIs(t, err, errclass.ErrPeerGone)
+		assert.Contains(t, err.Error(), "no longer exists")
+	}
+}
