@@ -60,8 +60,8 @@ type Route struct {
 	mu    sync.Mutex
 	peers map[string]*Peer // endpoint name → address
 	added map[string]int   // AddPeer calls not yet undone, per name
-	// unmapped: shm names whose region was gone when they were inserted
-	// (PeerBy); never inserted again.
+	// unmapped: on libfabric 1.x, shm names whose region went while they
+	// were inserted (PeerBy); never inserted again.
 	unmapped map[string]bool
 
 	// shm: ops still in flight to peers that died (see Blocked).
@@ -296,7 +296,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		return p, nil
 	}
 	if unmapped {
-		return nil, shmRegionGone(name)
+		return nil, shmNameSpent(name)
 	}
 	if err := r.CheckName(name); err != nil {
 		return nil, err
@@ -309,20 +309,32 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 			p.uses.Add(1)
 			return
 		}
+		if r.unmapped[string(name)] {
+			err = shmNameSpent(name)
+			return
+		}
+		shm := r.Provider == fabric.BackendSHM
+		if shm && !shmRegionExists(name) {
+			// Not inserted at all: shm would take it with no region (see
+			// shmRegionExists).
+			err = shmRegionGone(name)
+			return
+		}
 		var addr uint64
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
 			return
 		}
-		if r.Provider == fabric.BackendSHM && !shmRegionExists(name) {
-			// shm inserted a peer whose region it could not map: an op
-			// toward it would follow a nil region (see shmRegionExists).
-			// Removed again, and never inserted anew: the removal leaves
-			// the name in shm's map, where a later insert would find it.
+		if shm && !shmRegionExists(name) {
+			// The region went during the insert. Removed again; on 1.x
+			// the removal keeps the name in shm's map, in a slot the
+			// next insert takes: never inserted again.
 			r.loop.Endpoint().ForgetPeer(name)
-			if r.unmapped == nil {
-				r.unmapped = map[string]bool{}
+			if fabric.RuntimeVersion().Major() == 1 {
+				if r.unmapped == nil {
+					r.unmapped = map[string]bool{}
+				}
+				r.unmapped[string(name)] = true
 			}
-			r.unmapped[string(name)] = true
 			err = shmRegionGone(name)
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
@@ -83,29 +84,43 @@ var shmReadVersion = sync.OnceValue(func() bool {
 func SingleCopy() bool { return shmSingleCopyAllowed() }
 
 // shmRegionExists reports whether the shared memory file of the shm
-// endpoint named name ("fi_shm://..."; shm's smr_no_prefix and SMR_DIR)
-// exists. Looked at right after the name was inserted: shm maps a peer's
-// region when it inserts it (1.x) or at the first op (2.x), and when the
-// file is gone by then, 1.x's smr_map_add still reports success with no
-// region, and an op toward that peer follows a nil pointer whenever the
-// slot it got last held a peer that had answered (smr_verify_peer trusts
-// the slot's old handshake; prov/util/src/util_shm.c, v1.17.0). That is
-// what a peer forgotten when its owner closed, and inserted again, met.
+// endpoint named name ("fi_shm://PID:UID:INDEX"; shm's smr_no_prefix and
+// SMR_DIR) exists: a regular file of this user. Looked at before the name
+// is inserted, and again right after: 1.x's shm maps a peer's region when
+// it inserts it and, with the file gone, still reports success with no
+// region (smr_map_add, prov/util/src/util_shm.c, v1.17.0). An op toward
+// that peer then follows a nil region whenever the slot it got last held
+// a peer that had answered (smr_verify_peer trusts the slot's old
+// handshake), which a peer forgotten when its owner closed, and inserted
+// again, met; and the removal of such an insert keeps its name in shm's
+// map, where it takes the slot's next peer's name. 2.x maps at the first
+// op and fails it while the file is missing. A name with anything but
+// digits and colons after its prefix is refused.
 func shmRegionExists(name []byte) bool {
-	s := strings.TrimRight(string(name), "\x00")
-	if i := strings.Index(s, "://"); i >= 0 {
-		s = s[i+3:]
-	}
-	if s == "" || strings.ContainsRune(s, '/') {
+	s, ok := strings.CutPrefix(strings.TrimRight(string(name), "\x00"), "fi_shm://")
+	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
 		return false
 	}
-	_, err := os.Stat("/dev/shm/" + s)
-	return err == nil
+	fi, err := os.Lstat("/dev/shm/" + s)
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Geteuid()
 }
 
 // shmRegionGone is PeerBy's error for a peer whose region is gone.
 func shmRegionGone(name []byte) error {
-	return fmt.Errorf("%w: the shm endpoint %s no longer exists (its manager closed it)", errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
+	return fmt.Errorf("%w: the shm endpoint %q no longer exists (its manager closed it, or its process ended)",
+		errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
+}
+
+// shmNameSpent is PeerBy's error for a name whose region went while it
+// was inserted (libfabric 1.x): a new process of that pid cannot be
+// reached over this endpoint.
+func shmNameSpent(name []byte) error {
+	return fmt.Errorf("%w: the shm endpoint %q was gone when this manager last met it, and libfabric 1.x's shm cannot take that name again on this endpoint; reopen the manager to reach a new process by that name",
+		errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
 }
 
 // ShmPeerPID is the process id in an shm endpoint name

@@ -3,6 +3,8 @@ package libfabric
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ import (
 // inserted again: Peer fails with ErrPeerGone, every time. Inserted
 // again, libfabric 1.x's shm took it with no region and crashed at the
 // next op (the slot kept the old handshake).
+// TestPeerNeverMapped covers a name that never had a region.
 func TestPeerWhoseRegionIsGone(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	hints := func() *fabric.Info {
@@ -86,5 +89,65 @@ func TestPeerWhoseRegionIsGone(t *testing.T) {
 		_, err = initiator.Peer(name)
 		require.ErrorIs(t, err, errclass.ErrPeerGone)
 		assert.Contains(t, err.Error(), "no longer exists")
+	}
+}
+
+// TestPeerNeverMapped: an shm name whose region file never existed is
+// refused with ErrPeerGone and not inserted, so that it leaves nothing in
+// shm's map. Inserted and removed again, on libfabric 1.x it stayed in
+// shm's map, in the slot the next peer took: after that peer was
+// forgotten and needed again, it and the peer after it got one address.
+func TestPeerNeverMapped(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	hints := func() *fabric.Info {
+		h := fabric.RMAHints(string(fabric.BackendSHM))
+		if fabric.RuntimeVersion().Major() >= 2 {
+			fabric.WithoutShmFastRMA(h)
+		}
+		return h
+	}
+	in := openWith(t, fabric.BackendSHM, hints())
+	c, d := openWith(t, fabric.BackendSHM, hints()), openWith(t, fabric.BackendSHM, hints())
+	never := make([]byte, len(c.EndpointName()))
+	copy(never, fmt.Sprintf("fi_shm://%d:%d:4242", os.Getpid(), os.Getuid()))
+	for range 2 {
+		_, err := in.Peer(never)
+		require.ErrorIs(t, err, errclass.ErrPeerGone)
+	}
+	pc, err := in.Peer(c.EndpointName())
+	require.NoError(t, err)
+	pc.Done()
+	in.Forget(c.EndpointName()) // unused: removed at once
+	pc, err = in.Peer(c.EndpointName())
+	require.NoError(t, err)
+	defer pc.Done()
+	pd, err := in.Peer(d.EndpointName())
+	require.NoError(t, err)
+	defer pd.Done()
+	require.NotEqual(t, pc.addr, pd.addr, "two peers share one address")
+}
+
+// TestShmRegionExists: only a regular file of this user in /dev/shm,
+// named by digits and colons after the prefix, counts.
+func TestShmRegionExists(t *testing.T) {
+	name := fmt.Sprintf("%d:%d:4243", os.Getpid(), os.Getuid())
+	path := "/dev/shm/" + name
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	t.Cleanup(func() { _ = os.Remove(path) })
+	require.NoError(t, os.Symlink(path, path+"1"))
+	t.Cleanup(func() { _ = os.Remove(path + "1") })
+	for _, tt := range []struct {
+		name string
+		want bool
+	}{
+		{"fi_shm://" + name, true},
+		{"fi_shm://" + name + "\x00\x00", true},
+		{"fi_shm://" + name + "1", false}, // a symlink
+		{"fi_shm://" + name + "\x00x", false},
+		{"fi_shm://../shm/" + name, false},
+		{"fi_ns://" + name, false},
+		{"fi_shm://", false},
+	} {
+		assert.Equal(t, tt.want, shmRegionExists([]byte(tt.name)), "%q", tt.name)
 	}
 }
