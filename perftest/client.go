@@ -325,7 +325,15 @@ func (s *Session) explain(ctx context.Context, err error) error {
 	}
 	re := s.ended
 	if re == nil {
-		_, rerr := s.conn.Recv(explainWait)
+		wait := explainWait
+		if errors.Is(err, transport.ErrPeerGone) {
+			// The server's endpoints are going: its word may come a
+			// moment after the op failed (its shm region goes at the
+			// signal, its message when its session notices), and a
+			// connection that closes ends the wait at once.
+			wait = explainGoneWait
+		}
+		_, rerr := s.conn.Recv(wait)
 		if !errors.As(rerr, &re) {
 			return err
 		}
@@ -333,8 +341,12 @@ func (s *Session) explain(ctx context.Context, err error) error {
 	return fmt.Errorf("the server ended the session (%s): %w", re.Text, err)
 }
 
-// explainWait bounds explain's wait for the server's message.
-const explainWait = 300 * time.Millisecond
+// explainWait bounds explain's wait for the server's message;
+// explainGoneWait, after an op found the server's side gone.
+const (
+	explainWait     = 300 * time.Millisecond
+	explainGoneWait = 2 * time.Second
+)
 
 // verify asks the server whether a write left the pattern of seed.
 func (s *Session) verify(size, seed uint64) (bool, error) {
