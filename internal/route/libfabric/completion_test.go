@@ -71,8 +71,8 @@ func TestWriteFlags(t *testing.T) {
 // source free.
 func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
-	// As a manager opens shm on 2.x: its fast RMA off, the owner copies.
-	hints := func() *fabric.Info { return fabric.WithoutShmFastRMA(fabric.RMAHints(string(fabric.BackendSHM))) }
+	// As a manager opens shm: on 2.x its fast RMA off, the owner copies.
+	hints := shmHints
 	if !shmReadVersion() {
 		require.NotEqual(t, SourceFree, CompletionOver(fabric.BackendSHM, ShmOwnerCopies(hints()), false, true, 8))
 		return

@@ -29,6 +29,16 @@ func open(t *testing.T, provider fabric.Backend) *Route {
 	return openWith(t, provider, fabric.RMAHints(string(provider)))
 }
 
+// shmHints are shm's hints as a manager asks for them: on libfabric 2.x
+// with read-after-read order, which turns shm's fast RMA off.
+func shmHints() *fabric.Info {
+	h := fabric.RMAHints(string(fabric.BackendSHM))
+	if fabric.RuntimeVersion().Major() >= 2 {
+		fabric.WithoutShmFastRMA(h)
+	}
+	return h
+}
+
 // openWith opens a route of provider with hints.
 func openWith(t *testing.T, provider fabric.Backend, hints *fabric.Info) *Route {
 	t.Helper()

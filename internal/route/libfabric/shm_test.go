@@ -28,17 +28,10 @@ import (
 // TestPeerNeverMapped covers a name that never had a region.
 func TestPeerWhoseRegionIsGone(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
-	hints := func() *fabric.Info {
-		h := fabric.RMAHints(string(fabric.BackendSHM))
-		if fabric.RuntimeVersion().Major() >= 2 {
-			fabric.WithoutShmFastRMA(h)
-		}
-		return h
-	}
 	mem, err := mr.Alloc(2 * 4096)
 	require.NoError(t, err)
 	t.Cleanup(func() { mr.Free(mem) }) // after the routes close
-	initiator := openWith(t, fabric.BackendSHM, hints())
+	initiator := openWith(t, fabric.BackendSHM, shmHints())
 	imr, err := initiator.Register(mr.HostRegion(mem[:4096], 0))
 	require.NoError(t, err)
 	defer initiator.Do(func() { _ = imr.Close() })
@@ -63,7 +56,7 @@ func TestPeerWhoseRegionIsGone(t *testing.T) {
 		}
 		return errors.Join(x.Job().Errs...)
 	}
-	infos, err := fabric.GetInfo(fabric.Query{Hints: hints()})
+	infos, err := fabric.GetInfo(fabric.Query{Hints: shmHints()})
 	require.NoError(t, err)
 	gone, err := Open(0, &infos[0], "test", "forced", progress.DefaultPollPolicy, zerolog.Nop(), 0)
 	require.NoError(t, err)
@@ -99,15 +92,8 @@ func TestPeerWhoseRegionIsGone(t *testing.T) {
 // forgotten and needed again, it and the peer after it got one address.
 func TestPeerNeverMapped(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
-	hints := func() *fabric.Info {
-		h := fabric.RMAHints(string(fabric.BackendSHM))
-		if fabric.RuntimeVersion().Major() >= 2 {
-			fabric.WithoutShmFastRMA(h)
-		}
-		return h
-	}
-	in := openWith(t, fabric.BackendSHM, hints())
-	c, d := openWith(t, fabric.BackendSHM, hints()), openWith(t, fabric.BackendSHM, hints())
+	in := openWith(t, fabric.BackendSHM, shmHints())
+	c, d := openWith(t, fabric.BackendSHM, shmHints()), openWith(t, fabric.BackendSHM, shmHints())
 	never := make([]byte, len(c.EndpointName()))
 	copy(never, fmt.Sprintf("fi_shm://%d:%d:4242", os.Getpid(), os.Getuid()))
 	for range 2 {
