@@ -1,10 +1,7 @@
 package libfabric
 
 import (
-	"context"
-	"errors"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,7 +9,6 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/mr"
-	"github.com/fitransfer/fitransfer/progress"
 )
 
 // TestWriteFlags: the completion flag of a write, provider by provider,
@@ -107,23 +103,7 @@ func TestInjectCompleteShmWriteAtClose(t *testing.T) {
 	defer initiator.Do(func() { _ = imr.Close() })
 
 	write := func(m *fabric.MR, target []byte, local uint64, want Completion) error {
-		p, err := initiator.Peer(owner.EndpointName())
-		if err != nil {
-			return err
-		}
-		x := initiator.NewXfer(new(holder))
-		defer x.Release()
-		x.Aim(p, progress.Write, time.Now(), time.Now().Add(5*time.Second), 0) // x holds p until its job is idle
-		x.Job().Flags = initiator.WriteFlags(want, false, false)
-		x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(imem[local:]), Desc: imr.Desc(), Len: 8,
-			Remote: mr.RemoteAddr(owner.VirtAddr, mr.Addr(target), 0), Key: m.Key()})
-		if err := x.Submit(); err != nil {
-			return err
-		}
-		if err := initiator.Wait(context.Background(), x); err != nil {
-			return err
-		}
-		return errors.Join(x.Job().Errs...)
+		return write8(initiator, imr, imem[local:], owner, m, target, want)
 	}
 	// The first op toward an owner connects, which takes the owner's
 	// progress.

@@ -39,6 +39,29 @@ func shmHints() *fabric.Info {
 	return h
 }
 
+// write8 writes 8 bytes at local (registered as lmr on from) to target
+// (registered as tmr on to), asking for want, and returns the op's
+// error.
+func write8(from *Route, lmr *fabric.MR, local []byte, to *Route, tmr *fabric.MR, target []byte, want Completion) error {
+	p, err := from.Peer(to.EndpointName())
+	if err != nil {
+		return err
+	}
+	x := from.NewXfer(new(holder))
+	defer x.Release()
+	x.Aim(p, progress.Write, time.Now(), time.Now().Add(10*time.Second), 0) // x holds p until its job is idle
+	x.Job().Flags = from.WriteFlags(want, false, false)
+	x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(local), Desc: lmr.Desc(), Len: 8,
+		Remote: mr.RemoteAddr(to.VirtAddr, mr.Addr(target), 0), Key: tmr.Key()})
+	if err := x.Submit(); err != nil {
+		return err
+	}
+	if err := from.Wait(context.Background(), x); err != nil {
+		return err
+	}
+	return errors.Join(x.Job().Errs...)
+}
+
 // openWith opens a route of provider with hints.
 func openWith(t *testing.T, provider fabric.Backend, hints *fabric.Info) *Route {
 	t.Helper()

@@ -97,7 +97,7 @@ func SingleCopy() bool { return shmSingleCopyAllowed() }
 // op and fails it while the file is missing. A name with anything but
 // digits and colons after its prefix is refused.
 func shmRegionExists(name []byte) bool {
-	s, ok := strings.CutPrefix(strings.TrimRight(string(name), "\x00"), "fi_shm://")
+	s, ok := strings.CutPrefix(shmText(name), shmPrefix)
 	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
 		return false
 	}
@@ -112,7 +112,7 @@ func shmRegionExists(name []byte) bool {
 // shmRegionGone is PeerBy's error for a peer whose region is gone.
 func shmRegionGone(name []byte) error {
 	return fmt.Errorf("%w: the shm endpoint %q no longer exists (its manager closed it, or its process ended)",
-		errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
+		errclass.ErrPeerGone, shmText(name))
 }
 
 // shmNameSpent is PeerBy's error for a name whose region went while it
@@ -120,14 +120,20 @@ func shmRegionGone(name []byte) error {
 // reached over this endpoint.
 func shmNameSpent(name []byte) error {
 	return fmt.Errorf("%w: the shm endpoint %q was gone when this manager last met it, and libfabric 1.x's shm cannot take that name again on this endpoint; reopen the manager to reach a new process by that name",
-		errclass.ErrPeerGone, strings.TrimRight(string(name), "\x00"))
+		errclass.ErrPeerGone, shmText(name))
 }
+
+// shmPrefix starts the shm endpoint names fitransfer takes
+// ("fi_shm://PID:UID:INDEX").
+const shmPrefix = "fi_shm://"
+
+// shmText is an shm endpoint name without its NUL padding.
+func shmText(name []byte) string { return strings.TrimRight(string(name), "\x00") }
 
 // ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.
 func ShmPeerPID(name []byte) int {
-	s := strings.TrimRight(string(name), "\x00")
-	rest, ok := strings.CutPrefix(s, "fi_shm://")
+	rest, ok := strings.CutPrefix(shmText(name), shmPrefix)
 	if !ok {
 		return 0
 	}

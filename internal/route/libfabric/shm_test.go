@@ -1,8 +1,6 @@
 package libfabric
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -36,25 +34,8 @@ func TestPeerWhoseRegionIsGone(t *testing.T) {
 	require.NoError(t, err)
 	defer initiator.Do(func() { _ = imr.Close() })
 
-	// write writes 8 B to o's buffer omr, at mem[off:].
 	write := func(o *Route, omr *fabric.MR, off int) error {
-		p, err := initiator.Peer(o.EndpointName())
-		if err != nil {
-			return err
-		}
-		x := initiator.NewXfer(new(holder))
-		defer x.Release()
-		x.Aim(p, progress.Write, time.Now(), time.Now().Add(10*time.Second), 0)
-		x.Job().Flags = initiator.WriteFlags(Delivered, false, false)
-		x.Job().Chunks = append(x.Job().Chunks, progress.Chunk{Local: mr.Addr(mem), Desc: imr.Desc(), Len: 8,
-			Remote: mr.RemoteAddr(o.VirtAddr, mr.Addr(mem[off:]), 0), Key: omr.Key()})
-		if err := x.Submit(); err != nil {
-			return err
-		}
-		if err := initiator.Wait(context.Background(), x); err != nil {
-			return err
-		}
-		return errors.Join(x.Job().Errs...)
+		return write8(initiator, imr, mem, o, omr, mem[off:], Delivered)
 	}
 	infos, err := fabric.GetInfo(fabric.Query{Hints: shmHints()})
 	require.NoError(t, err)
