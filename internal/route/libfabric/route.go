@@ -53,16 +53,32 @@ type Route struct {
 	// Rail is its place among the manager's rails (the domains of the
 	// remote provider it stripes over); 0 on other routes.
 	Rail int
+	// Outgoing: an shm endpoint only for this manager's own ops, which
+	// no handle names (the transport's shm rotation, see RecyclesSlots):
+	// it holds no registration peers reach, and is retired once it took
+	// its share of peers.
+	Outgoing bool
 
 	loop *progress.Loop
 	name []byte // endpoint name, immutable
 
 	mu    sync.Mutex
 	peers map[string]*Peer // endpoint name → address
-	added map[string]int   // AddPeer calls not yet undone, per name
+	// retiring, onDrained: see Retire.
+	retiring  bool
+	onDrained func()
+	added     map[string]int // AddPeer calls not yet undone, per name
 	// unmapped: on libfabric 1.x, shm names whose region went while they
 	// were inserted (PeerBy); never inserted again.
 	unmapped map[string]bool
+
+	recycles     bool // RecyclesSlots
+	scratchFreed atomic.Bool
+	// inserts and contacts: see MapAdds.
+	inserts  atomic.Int64
+	contacts atomic.Int64
+	// holds counts Hold; drainedHolds once the route drained (Retire).
+	holds atomic.Int64
 
 	// shm: ops still in flight to peers that died (see Blocked).
 	deadOps   atomic.Int32
@@ -82,10 +98,11 @@ func Open(index int, info *fabric.Info, reason, role string, policy progress.Pol
 	if chunkCap > 0 && chunkCap < chunk {
 		chunk = chunkCap
 	}
+	provider := fabric.Backend(Name(ep.Info()))
 	return &Route{
-		Index: index, Provider: fabric.Backend(Name(ep.Info())), Info: *ep.Info(), Reason: reason, Role: role,
+		Index: index, Provider: provider, Info: *ep.Info(), Reason: reason, Role: role,
 		loop: progress.Start(ep, policy, log), name: append([]byte(nil), ep.Name()...), VirtAddr: ep.VirtAddr(),
-		Chunk: chunk, peers: map[string]*Peer{},
+		Chunk: chunk, peers: map[string]*Peer{}, recycles: recyclesSlots(provider),
 	}, nil
 }
 
@@ -212,9 +229,10 @@ func (r *Route) AwaitStop() error { return r.loop.AwaitStop() }
 // closed): false after Close of a wedged endpoint.
 func (r *Route) Stopped() bool { return r.loop.Stopped() }
 
-// FreeScratch frees the scratch memory once the loop stopped.
+// FreeScratch frees the scratch memory once the loop stopped; only the
+// first call that finds it stopped does.
 func (r *Route) FreeScratch() {
-	if r.Scratch != nil && r.loop.Stopped() {
+	if r.Scratch != nil && r.loop.Stopped() && r.scratchFreed.CompareAndSwap(false, true) {
 		_ = mr.Free(r.Scratch.mem)
 	}
 }
@@ -321,6 +339,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 			return
 		}
 		var addr uint64
+		r.inserts.Add(1) // shm's map may take a slot even for an insert that fails
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
 			return
 		}
@@ -340,6 +359,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		}
 		raw := append([]byte(nil), name...)
 		p = &Peer{addr: addr, raw: raw, name: r.Addr(raw), drop: new(drop), r: r}
+		p.forget.Store(r.retiring) // its last use forgets it (Retire)
 		p.uses.Add(1)
 		r.peers[string(name)] = p
 	}); derr != nil {
@@ -379,6 +399,7 @@ func (r *Route) forget(name []byte, only *Peer) {
 		delete(r.peers, string(name))
 		r.mu.Unlock()
 		r.loop.Endpoint().ForgetPeer(name)
+		r.maybeDrained()
 	})
 }
 

@@ -1,0 +1,96 @@
+package libfabric
+
+import (
+	"github.com/fitransfer/fitransfer/fabric"
+)
+
+// RecyclesSlots reports whether shm may give a peer inserted on r a slot
+// of its map that an earlier peer left, with that peer's handshake still
+// in it: libfabric 2.x's shm. Its map hands slots out round robin over
+// 256 and, when a removed peer's slot comes round again, the endpoint's
+// record of the old handshake was never cleared (smr_map_del,
+// prov/shm/src/smr_util.c, v2.1.0; smr_av.c, v2.6.0). The next op to the
+// new peer skips the handshake and follows a region that was never
+// mapped: a crash inside fi_writemsg or fi_readmsg. A new peer's own
+// handshake (one that contacts this endpoint first) rewrites the record:
+// only peers this endpoint inserts itself are at risk. docs/RELIABILITY.md
+// has the details.
+func (r *Route) RecyclesSlots() bool { return r.recycles }
+
+// recyclesSlots is RecyclesSlots for a route of provider, for Open: a
+// cgo call, not one per op.
+func recyclesSlots(provider fabric.Backend) bool {
+	return provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() >= 2
+}
+
+// MapAdds bounds from above how many names shm's map took since the
+// endpoint opened: each insert of this route's (every new name, even one
+// whose insert then failed) and each contact NoteContact counted (a peer
+// that may have begun its handshake with this endpoint). On a route that
+// RecyclesSlots, no slot comes round again while MapAdds stays below the
+// map's 256 slots.
+func (r *Route) MapAdds() int64 { return r.inserts.Load() + r.contacts.Load() }
+
+// NoteContact counts a peer that may reach this endpoint by itself (see
+// MapAdds).
+func (r *Route) NoteContact() { r.contacts.Add(1) }
+
+// drainedHolds is holds once a retired route drained: no Hold succeeds.
+const drainedHolds = -1 << 40
+
+// Hold keeps r open for a request that picked it and has not yet taken
+// its peers on it (PeerBy): a retired route closes only once no hold and
+// no peer remain. It reports false once r drained (Retire): the request
+// picks again. Unhold ends it.
+func (r *Route) Hold() bool {
+	for {
+		h := r.holds.Load()
+		if h < 0 {
+			return false
+		}
+		if r.holds.CompareAndSwap(h, h+1) {
+			return true
+		}
+	}
+}
+
+// Unhold ends a Hold.
+func (r *Route) Unhold() {
+	if r.holds.Add(-1) == 0 && r.Retired.Load() {
+		r.maybeDrained()
+	}
+}
+
+// Retire marks r retired, forgets its peers (each once its last use
+// ends; those it takes later too) and calls drained, on a goroutine of
+// its own, once no hold and no peer remain: the caller closes it then.
+// A route whose calls do not return never drains.
+func (r *Route) Retire(drained func()) {
+	r.mu.Lock()
+	r.retiring, r.onDrained = true, drained
+	names := make([][]byte, 0, len(r.peers))
+	for _, p := range r.peers {
+		names = append(names, p.raw)
+	}
+	r.mu.Unlock()
+	r.Retired.Store(true)
+	go func() {
+		for _, name := range names {
+			r.Forget(name)
+		}
+		r.maybeDrained()
+	}()
+}
+
+// maybeDrained calls the drained func of a retiring route once nothing
+// holds it any more. Under r.mu, so that no peer is inserted in between:
+// an insert runs under a hold, and a hold taken after the swap fails.
+func (r *Route) maybeDrained() {
+	r.mu.Lock()
+	fire := r.retiring && len(r.peers) == 0 && r.holds.CompareAndSwap(0, drainedHolds)
+	fn := r.onDrained
+	r.mu.Unlock()
+	if fire && fn != nil {
+		go fn()
+	}
+}
