@@ -149,8 +149,8 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*fabric.MR, len(bs.all))
 	base := st.base
 	for _, b := range bs.all {
-		if b.Retired.Load() {
-			continue
+		if b.Retired.Load() || b.Outgoing {
+			continue // an Outgoing endpoint registers the buffer when an op needs it there (desc)
 		}
 		var err error
 		st.mrs[b.Index], err = b.Register(mr.Region{Addr: st.base, Len: st.size, Access: access, Iface: st.iface, Device: st.device})

@@ -154,3 +154,27 @@ func CloseWaits(b *Buffer) bool {
 	defer b.st.mu.Unlock()
 	return b.st.closed && b.st.drained != nil
 }
+
+// SetShmMapBudget sets how many names an shm endpoint's map may take
+// before another takes over the manager's shm ops, until restore is
+// called.
+func SetShmMapBudget(n int64) (restore func()) {
+	old := shmMapBudget
+	shmMapBudget = n
+	return func() { shmMapBudget = old }
+}
+
+// OutgoingShm counts m's Outgoing shm endpoints: open, and closed.
+func OutgoingShm(m *Manager) [2]int {
+	var n [2]int
+	for _, b := range m.backends().all {
+		switch {
+		case !b.Outgoing:
+		case b.Stopped():
+			n[1]++
+		default:
+			n[0]++
+		}
+	}
+	return n
+}

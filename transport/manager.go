@@ -97,7 +97,10 @@ type Manager struct {
 type backendSet struct {
 	all      []*libfabric.Route // by index
 	sameNode *libfabric.Route   // shm; nil when none
-	remote   *libfabric.Route   // nil when none; rails[0]
+	// shmOut is the shm endpoint this manager's own shm ops go out on
+	// once sameNode took its share of peers (shmout.go); nil before.
+	shmOut *libfabric.Route
+	remote *libfabric.Route // nil when none; rails[0]
 	// rails are the endpoints of the remote provider, one per domain
 	// (NIC), by Rail; a failed rail's place is taken by a new endpoint.
 	rails []*libfabric.Route
@@ -675,7 +678,11 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			}
 			return rt, peer.firstLink(t, cma.Name)
 		case shmEP != nil && peer.shmName != nil:
-			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.sameNode, shmEP, peer
+			out, err := m.shmOut()
+			if err != nil {
+				return rt, err
+			}
+			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, out, shmEP, peer
 			if err := matchesPeer(r, shmEP, peer); err != nil || !m.linkOn {
 				return rt, err
 			}
@@ -902,7 +909,7 @@ func (m *Manager) replaceSameNode(old *libfabric.Route, why error) error {
 		return nil
 	}
 	old.Retired.Store(true)
-	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote, rails: cur.rails}
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote, rails: cur.rails, shmOut: cur.shmOut}
 	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
 	if err == nil {
 		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
@@ -929,8 +936,21 @@ func (m *Manager) replaceSameNode(old *libfabric.Route, why error) error {
 // failure, came with b stuck inside libfabric.
 func (m *Manager) replaceIfStuck(b *libfabric.Route, err error) bool {
 	var we *progress.WedgedError
-	if b == nil || !errors.As(err, &we) || m.backends().sameNode != b || b.Wedged() == nil {
+	if b == nil || !errors.As(err, &we) || b.Wedged() == nil {
 		return false
 	}
-	return m.replaceSameNode(b, err) == nil
+	switch bs := m.backends(); b {
+	case bs.sameNode:
+		return m.replaceSameNode(b, err) == nil
+	case bs.shmOut:
+		return m.rotateShmOut(b) == nil
+	}
+	return false
+}
+
+// replaceStuckShm is replaceIfStuck for whichever shm endpoint err came
+// with.
+func (m *Manager) replaceStuckShm(err error) bool {
+	bs := m.backends()
+	return m.replaceIfStuck(bs.sameNode, err) || m.replaceIfStuck(bs.shmOut, err)
 }

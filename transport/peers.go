@@ -26,7 +26,7 @@ type AddressEndpoint struct {
 func (m *Manager) Address() Address {
 	var a Address
 	for _, b := range m.backends().all {
-		if b.Retired.Load() {
+		if b.Retired.Load() || b.Outgoing {
 			continue
 		}
 		a.Endpoints = append(a.Endpoints, AddressEndpoint{Provider: b.Name(), Name: append([]byte(nil), b.EndpointName()...)})

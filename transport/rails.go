@@ -784,7 +784,7 @@ func (m *Manager) replaceRail(old *libfabric.Route) error {
 			st.closeMR(old.Index)
 		}
 	})
-	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode,
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode, shmOut: cur.shmOut,
 		rails: append([]*libfabric.Route(nil), cur.rails...)}
 	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
 	if err != nil {

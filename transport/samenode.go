@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
@@ -349,6 +350,9 @@ func (m *Manager) startVerifier() error {
 			if !v.track(c, int(cred.Pid)) {
 				_ = c.Close()
 				return
+			}
+			if sn := m.backends().sameNode; sn != nil {
+				sn.NoteContact() // a peer that may insert it and handshake (shmout.go)
 			}
 			v.wg.Add(1)
 			go func() {
@@ -919,10 +923,15 @@ func (p *sameNodePeer) watch(c *net.UnixConn, forget func(*sameNodePeer)) {
 }
 
 // forgetSameNode releases what shm holds for an owner that is gone: the
-// mapping of its region.
+// mapping of its region, on each shm endpoint that may have inserted it.
 func (m *Manager) forgetSameNode(p *sameNodePeer) {
-	if sn := m.backends().sameNode; sn != nil && p.shmName != nil {
-		sn.Forget(p.shmName)
+	if p.shmName == nil {
+		return
+	}
+	for _, b := range m.backends().all {
+		if b.Provider == fabric.BackendSHM && !b.Retired.Load() { // a retired one forgets its peers itself, or is stuck
+			b.Forget(p.shmName)
+		}
 	}
 }
 

@@ -93,9 +93,10 @@ type opSpec struct {
 	redos     uint8    // mem: routed again after its link ended (memRedos)
 	memErr    error
 	submitted bool
-	sent      uint64 // bytes handed to jobs so far (see shmPart)
-	pin       int    // 1 + the rail a piece must take (run); 0: any
-	fail      error  // its first error, once executed
+	sent      uint64           // bytes handed to jobs so far (see shmPart)
+	pin       int              // 1 + the rail a piece must take (run); 0: any
+	held      *libfabric.Route // the Outgoing shm endpoint held for the op (holdShm)
+	fail      error            // its first error, once executed
 	// deadline: its request's, once its job was filled (fabric ops): a
 	// redo over the rails (run) keeps it.
 	deadline time.Time
@@ -127,7 +128,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	}
 	if err := m.prepare(ctx, &times, ops); err != nil {
 		m.releaseManager()
-		m.replaceIfStuck(m.backends().sameNode, err)
+		m.replaceStuckShm(err)
 		releaseOps(ops)
 		if to, ok := err.(*progress.TimeoutError); ok && (to.Awaiting != "" || to.Busy) {
 			return notStartedBy(kind, ops, to)
@@ -279,7 +280,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		return nil
 	}
 	for _, err := range errs {
-		if m.replaceIfStuck(m.backends().sameNode, err) {
+		if m.replaceStuckShm(err) {
 			break
 		}
 	}
@@ -455,6 +456,11 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			return fmt.Errorf("%s: %w", o.op, err)
 		}
 		b, ep := rt.b, rt.ep
+		if rt.kind == route.Fabric && b.Outgoing {
+			if b, err = m.holdShm(o, b); err != nil {
+				return fmt.Errorf("%s: %w", o.op, err)
+			}
+		}
 		o.kind, o.b, o.ep, o.peer = rt.kind, b, ep, rt.peer
 		if !o.remote.access.Allows(need(o.op)) {
 			return fmt.Errorf("%s: %w: the handle grants %s", o.op, ErrAccessDenied, o.remote.access)
@@ -472,7 +478,14 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			if sn == nil || o.remote.endpoint(sn.Name()) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
-			o.kind, b, o.b, o.ep = route.Fabric, sn, sn, o.remote.endpoint(sn.Name())
+			out, err := m.shmOut()
+			if err == nil {
+				out, err = m.holdShm(o, out)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.op, err)
+			}
+			o.kind, b, o.b, o.ep = route.Fabric, out, out, o.remote.endpoint(sn.Name())
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
 				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
 			}
@@ -742,6 +755,10 @@ func releaseOps(ops []opSpec) {
 		if o.link != nil {
 			o.link.drop() // prepareMem's hold
 			o.link = nil
+		}
+		if o.held != nil {
+			o.held.Unhold()
+			o.held = nil
 		}
 	}
 }

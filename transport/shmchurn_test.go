@@ -1,0 +1,206 @@
+package transport_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
+	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/transport"
+)
+
+// shmOwnersInTurn is a child that opens an shm-only manager at a time, as
+// many times as its argument says: it prints the handle of a buffer of
+// the manager's, waits for a line, and closes the manager. Each manager
+// is a new shm endpoint, with a name of its own.
+func init() {
+	testpeer.Register("shm owners in turn", func(conn io.ReadWriter, args []string) error {
+		var n int
+		if _, err := fmt.Sscan(args[0], &n); err != nil {
+			return err
+		}
+		in := bufio.NewScanner(conn)
+		for i := 0; i < n; i++ {
+			m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+			if err != nil {
+				return err
+			}
+			mem, err := mr.Alloc(64)
+			if err != nil {
+				return err
+			}
+			b, err := m.Register(mem, mr.ReadWrite)
+			if err != nil {
+				return err
+			}
+			h, err := b.Remote().MarshalBinary()
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintln(conn, hex.EncodeToString(h)); err != nil {
+				return err
+			}
+			if !in.Scan() {
+				return in.Err()
+			}
+			if err := b.Close(); err != nil {
+				return err
+			}
+			if err := m.Close(); err != nil {
+				return err
+			}
+			_ = mr.Free(mem)
+		}
+		return nil
+	})
+}
+
+// TestShmOwnersInTurn: one manager meets, one after another, more shm
+// owners than libfabric's shm has peer slots (256), each gone before the
+// next comes. libfabric 2.x hands a removed peer's slot to a later insert
+// with the old handshake still in it and no region mapped: the op that
+// follows crashed inside libfabric at about the 256th owner. Every op
+// must succeed with the bytes in place. On 2.x the manager's ops move to
+// a new shm endpoint once one took its share of peers, and each endpoint
+// it moved from closes once its ops are done (with a small share, many
+// times over); 1.x's shm, which clears the handshake of a removed peer,
+// keeps its one endpoint.
+func TestShmOwnersInTurn(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	recycles := fabric.RuntimeVersion().Major() >= 2
+	for _, tc := range []struct {
+		name           string
+		owners, budget int
+		closed         int // at least so many Outgoing endpoints closed, on 2.x
+	}{
+		{"shm's own limit", 300, 0, 0},
+		{"small share", 100, 16, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.budget > 0 {
+				t.Cleanup(transport.SetShmMapBudget(int64(tc.budget)))
+			}
+			m := newManager(t, transport.WithProviders("shm"))
+			meetOwners(t, m, tc.owners)
+			if !recycles {
+				require.Equal(t, [2]int{0, 0}, transport.OutgoingShm(m), "open and closed Outgoing endpoints")
+				return
+			}
+			// The endpoint moved from closes once the ops on it are done,
+			// on a goroutine of its own: within the wait, not at once.
+			require.Eventually(t, func() bool {
+				n := transport.OutgoingShm(m)
+				return n[0] == 1 && n[1] >= tc.closed && (tc.closed > 0 || n[1] == 0)
+			}, 10*time.Second, time.Millisecond, "open and closed Outgoing endpoints: %v", transport.OutgoingShm(m))
+		})
+	}
+}
+
+// meetOwners writes to and reads from n owners in turn, each a manager
+// of a child's that closes before the next opens, and checks the bytes.
+func meetOwners(t *testing.T, m *transport.Manager, n int) {
+	local := alloc(t, 64)
+	buf, err := register(t, m, local, mr.ReadWrite).Slice(0, 8)
+	require.NoError(t, err)
+	p, err := testpeer.StartFunc("shm owners in turn", fmt.Sprint(n))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	ctx := ctxTimeout(t, 5*time.Minute)
+	for i := 0; i < n; i++ {
+		line, err := p.ReadLine()
+		require.NoError(t, err)
+		h, err := hex.DecodeString(strings.TrimSpace(line))
+		require.NoError(t, err)
+		var r transport.RemoteBuffer
+		require.NoError(t, r.UnmarshalBinary(h), "owner %d", i)
+		r, err = r.Slice(0, 8)
+		require.NoError(t, err)
+		for k := range 8 {
+			local[k] = byte(i + k)
+		}
+		require.NoError(t, m.WriteFrom(ctx, r, buf), "write to owner %d", i)
+		clear(local[:8])
+		require.NoError(t, m.ReadInto(ctx, buf, r), "read from owner %d", i)
+		for k := range 8 {
+			require.Equal(t, byte(i+k), local[k], "owner %d byte %d", i, k)
+		}
+		require.NoError(t, p.WriteLine("next"))
+	}
+}
+
+// TestShmRotationUnderLoad: goroutines keep writing to and reading back
+// from a long-lived owner, each its own part of its buffer, while the
+// manager meets owners in turn and, on libfabric 2.x, moves its shm ops
+// to new endpoints and closes the old ones again and again. Every op
+// must succeed with the bytes in place: a request that picked an
+// endpoint keeps it open until it ends.
+func TestShmRotationUnderLoad(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	t.Cleanup(transport.SetShmMapBudget(8))
+	m := newManager(t, transport.WithProviders("shm"))
+	const workers, part = 4, 1024
+	owner := testpeer.Start(t, "shm")
+	remote := owner.Register(workers*part, mr.ReadWrite, 1)
+	ctx := ctxTimeout(t, 5*time.Minute)
+	stop := make(chan struct{})
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		local := alloc(t, 2*part)
+		buf := register(t, m, local, mr.ReadWrite)
+		src, err := buf.Slice(0, part)
+		require.NoError(t, err)
+		dst, err := buf.Slice(part, part)
+		require.NoError(t, err)
+		r, err := remote.Slice(uint64(w*part), part)
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- func() error {
+				for i := uint64(0); ; i++ {
+					select {
+					case <-stop:
+						return nil
+					default:
+					}
+					testpeer.Fill(local[:part], uint64(w)<<32|i)
+					if err := m.WriteFrom(ctx, r, src); err != nil {
+						return fmt.Errorf("worker %d write %d: %w", w, i, err)
+					}
+					if err := m.ReadInto(ctx, dst, r); err != nil {
+						return fmt.Errorf("worker %d read %d: %w", w, i, err)
+					}
+					if !bytes.Equal(local[:part], local[part:]) {
+						return fmt.Errorf("worker %d op %d: the bytes read back differ from those written", w, i)
+					}
+				}
+			}()
+		}()
+	}
+	meetOwners(t, m, 60)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	if fabric.RuntimeVersion().Major() >= 2 {
+		require.Eventually(t, func() bool {
+			n := transport.OutgoingShm(m)
+			return n[0] == 1 && n[1] >= 3
+		}, 10*time.Second, time.Millisecond, "open and closed Outgoing endpoints: %v", transport.OutgoingShm(m))
+	}
+}
