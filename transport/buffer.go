@@ -146,7 +146,7 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	m.replaceMu.RLock()
 	defer m.replaceMu.RUnlock()
 	bs := m.backends()
-	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*fabric.MR, len(bs.all))
+	st.m, st.id, st.access, st.mrs = m, m.nextID.Add(1), access, make([]*fabric.MR, bs.indexes)
 	base := st.base
 	for _, b := range bs.all {
 		if b.Retired.Load() || b.Outgoing {

@@ -164,15 +164,12 @@ func SetShmMapBudget(n int64) (restore func()) {
 	return func() { shmMapBudget = old }
 }
 
-// OutgoingShm counts m's Outgoing shm endpoints: open, and closed.
+// OutgoingShm counts m's Outgoing shm endpoints: those in its set (the
+// current one, and retired ones not closed yet), and those closed.
 func OutgoingShm(m *Manager) [2]int {
-	var n [2]int
+	n := [2]int{0, int(m.shmOutClosed.Load())}
 	for _, b := range m.backends().all {
-		switch {
-		case !b.Outgoing:
-		case b.Stopped():
-			n[1]++
-		default:
+		if b.Outgoing {
 			n[0]++
 		}
 	}

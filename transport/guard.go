@@ -215,32 +215,34 @@ var guardChecks = sync.Pool{New: func() any {
 }}
 
 // verifyGuards reads the guard entries of the ops' handles (one job per
-// peer) and sets each check's err.
-func (m *Manager) verifyGuards(ctx context.Context, start, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck) error {
+// peer, on the endpoint the ops toward it take) and sets each check's err.
+func (m *Manager) verifyGuards(ctx context.Context, start, deadline time.Time, ops []opSpec, checks []guardCheck) error {
 	for first := 0; first < len(checks); first++ {
-		name := ops[checks[first].op].ep.name
-		if first > 0 && checkedPeer(ops, checks[:first], name) {
+		o := &ops[checks[first].op]
+		if first > 0 && checkedPeer(ops, checks[:first], o.b, o.ep.name) {
 			continue
 		}
-		if err := m.verifyPeerGuards(ctx, start, deadline, b, ops, checks[first:], name); err != nil {
+		if err := m.verifyPeerGuards(ctx, start, deadline, o.b, ops, checks[first:], o.ep.name); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// checkedPeer reports whether the checks of the peer name were already run.
-func checkedPeer(ops []opSpec, earlier []guardCheck, name []byte) bool {
+// checkedPeer reports whether the checks of the peer name on b were
+// already run.
+func checkedPeer(ops []opSpec, earlier []guardCheck, b *libfabric.Route, name []byte) bool {
 	for _, c := range earlier {
-		if string(ops[c.op].ep.name) == string(name) {
+		if o := &ops[c.op]; o.b == b && string(o.ep.name) == string(name) {
 			return true
 		}
 	}
 	return false
 }
 
-// verifyPeerGuards runs, in one job, the checks of the handles of one
-// peer among checks, reading each distinct guard entry once.
+// verifyPeerGuards runs, in one job on b, the checks among checks of the
+// handles of the peer name whose ops take b, reading each distinct guard
+// entry once.
 func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Time, b *libfabric.Route, ops []opSpec, checks []guardCheck, name []byte) error {
 	if err := b.BlockedOrGone(progress.Read, name); err != nil {
 		return err
@@ -260,7 +262,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 	defer x.Release()
 	for i := range checks {
 		ep := ops[checks[i].op].ep
-		if string(ep.name) != string(name) {
+		if ops[checks[i].op].b != b || string(ep.name) != string(name) {
 			continue
 		}
 		peer := ops[checks[i].op].peer // the table's place comes from the owner, verified, not from the handle
@@ -293,7 +295,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 	}
 	for i := range checks {
 		o := &ops[checks[i].op]
-		if string(o.ep.name) != string(name) {
+		if o.b != b || string(o.ep.name) != string(name) {
 			continue
 		}
 		entry := x.Entry(checks[i].entry)

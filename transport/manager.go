@@ -88,6 +88,8 @@ type Manager struct {
 	// their registrations there, as it does the open buffers'.
 	closingBufs map[uint64]*bufState
 	nextID      atomic.Uint64
+	// shmOutClosed counts the Outgoing shm endpoints closed (shmout.go).
+	shmOutClosed atomic.Int64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,
@@ -97,13 +99,16 @@ type Manager struct {
 type backendSet struct {
 	all      []*libfabric.Route // by index
 	sameNode *libfabric.Route   // shm; nil when none
-	// shmOut is the shm endpoint this manager's own shm ops go out on
-	// once sameNode took its share of peers (shmout.go); nil before.
+	// shmOut is the shm endpoint this manager's own shm ops go out on,
+	// on libfabric 2.x (shmout.go); nil on 1.x, where sameNode does.
 	shmOut *libfabric.Route
 	remote *libfabric.Route // nil when none; rails[0]
 	// rails are the endpoints of the remote provider, one per domain
 	// (NIC), by Rail; a failed rail's place is taken by a new endpoint.
 	rails []*libfabric.Route
+	// indexes is how many indexes were given out: the next endpoint's.
+	// A closed Outgoing shm endpoint leaves all; its index is not reused.
+	indexes int
 }
 
 // backends is the current set.
@@ -206,12 +211,12 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 				}
 			})
 		}
-		b, err := m.open(len(bs.all), p.info, p.reason, p.role)
+		b, err := m.open(bs.indexes, p.info, p.reason, p.role)
 		if err != nil {
 			m.Close()
 			return nil, err
 		}
-		bs.all = append(bs.all, b)
+		bs.all, bs.indexes = append(bs.all, b), bs.indexes+1
 		m.log.Info().Str("provider", b.Name()).Str("domain", b.Info.Domain.Name).Str("role", p.role).
 			Str("reason", p.reason).Msg("backend open")
 	}
@@ -252,6 +257,14 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			if err := bs.sameNode.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
 				m.Close()
 				return nil, err
+			}
+			if bs.sameNode.RecyclesSlots() {
+				out, err := m.newShmOut(bs.indexes, bs.sameNode)
+				if err != nil {
+					m.Close()
+					return nil, err
+				}
+				bs.all, bs.shmOut, bs.indexes = append(bs.all, out), out, bs.indexes+1
 			}
 		}
 		if err := m.startVerifier(); err != nil {
@@ -678,11 +691,7 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			}
 			return rt, peer.firstLink(t, cma.Name)
 		case shmEP != nil && peer.shmName != nil:
-			out, err := m.shmOut()
-			if err != nil {
-				return rt, err
-			}
-			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, out, shmEP, peer
+			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.shmOutgoing(), shmEP, peer
 			if err := matchesPeer(r, shmEP, peer); err != nil || !m.linkOn {
 				return rt, err
 			}
@@ -778,6 +787,12 @@ func (m *Manager) Close() error {
 			close(m.quit)
 		}
 	})
+	// A new shm endpoint under way (rotateShmOut, which holds no hold
+	// of the manager) is in the set once this returns; later ones see
+	// closing and open none.
+	m.replaceMu.Lock()
+	//lint:ignore SA2001 an empty critical section: a barrier
+	m.replaceMu.Unlock()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -909,8 +924,9 @@ func (m *Manager) replaceSameNode(old *libfabric.Route, why error) error {
 		return nil
 	}
 	old.Retired.Store(true)
-	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote, rails: cur.rails, shmOut: cur.shmOut}
-	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), remote: cur.remote, rails: cur.rails, shmOut: cur.shmOut,
+		indexes: cur.indexes + 1}
+	b, err := m.open(cur.indexes, &old.Info, old.Reason, old.Role)
 	if err == nil {
 		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
 			_ = b.Close()

@@ -784,9 +784,9 @@ func (m *Manager) replaceRail(old *libfabric.Route) error {
 			st.closeMR(old.Index)
 		}
 	})
-	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode, shmOut: cur.shmOut,
+	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode, shmOut: cur.shmOut, indexes: cur.indexes + 1,
 		rails: append([]*libfabric.Route(nil), cur.rails...)}
-	b, err := m.open(len(next.all), &old.Info, old.Reason, old.Role)
+	b, err := m.open(cur.indexes, &old.Info, old.Reason, old.Role)
 	if err != nil {
 		m.log.Error().Err(err).Int("rail", old.Rail).Msg("no new endpoint for a failed rail; it stays out of use")
 		return errors.Join(closeErr, err)

@@ -351,9 +351,6 @@ func (m *Manager) startVerifier() error {
 				_ = c.Close()
 				return
 			}
-			if sn := m.backends().sameNode; sn != nil {
-				sn.NoteContact() // a peer that may insert it and handshake (shmout.go)
-			}
 			v.wg.Add(1)
 			go func() {
 				defer v.wg.Done()

@@ -73,10 +73,9 @@ func init() {
 // with the old handshake still in it and no region mapped: the op that
 // follows crashed inside libfabric at about the 256th owner. Every op
 // must succeed with the bytes in place. On 2.x the manager's ops move to
-// a new shm endpoint once one took its share of peers, and each endpoint
-// it moved from closes once its ops are done (with a small share, many
-// times over); 1.x's shm, which clears the handshake of a removed peer,
-// keeps its one endpoint.
+// a new shm endpoint once one took its share of names, and each endpoint
+// they moved from closes once its ops are done (with a small share, many
+// times over); 1.x's shm keeps its one endpoint.
 func TestShmOwnersInTurn(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	recycles := fabric.RuntimeVersion().Major() >= 2
@@ -85,7 +84,7 @@ func TestShmOwnersInTurn(t *testing.T) {
 		owners, budget int
 		closed         int // at least so many Outgoing endpoints closed, on 2.x
 	}{
-		{"shm's own limit", 300, 0, 0},
+		{"shm's own limit", 300, 0, 1},
 		{"small share", 100, 16, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,12 +97,7 @@ func TestShmOwnersInTurn(t *testing.T) {
 				require.Equal(t, [2]int{0, 0}, transport.OutgoingShm(m), "open and closed Outgoing endpoints")
 				return
 			}
-			// The endpoint moved from closes once the ops on it are done,
-			// on a goroutine of its own: within the wait, not at once.
-			require.Eventually(t, func() bool {
-				n := transport.OutgoingShm(m)
-				return n[0] == 1 && n[1] >= tc.closed && (tc.closed > 0 || n[1] == 0)
-			}, 10*time.Second, time.Millisecond, "open and closed Outgoing endpoints: %v", transport.OutgoingShm(m))
+			requireRotated(t, m, tc.closed)
 		})
 	}
 }
@@ -198,9 +192,95 @@ func TestShmRotationUnderLoad(t *testing.T) {
 		require.NoError(t, err)
 	}
 	if fabric.RuntimeVersion().Major() >= 2 {
-		require.Eventually(t, func() bool {
-			n := transport.OutgoingShm(m)
-			return n[0] == 1 && n[1] >= 3
-		}, 10*time.Second, time.Millisecond, "open and closed Outgoing endpoints: %v", transport.OutgoingShm(m))
+		requireRotated(t, m, 3)
+	}
+}
+
+// requireRotated waits for m to have one Outgoing shm endpoint open and
+// to have closed at least closed others: an endpoint the ops moved from
+// closes on a goroutine of its own once they are done.
+func requireRotated(t *testing.T, m *transport.Manager, closed int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n := transport.OutgoingShm(m)
+		return n[0] == 1 && n[1] >= closed
+	}, 10*time.Second, time.Millisecond, "open and closed Outgoing endpoints: %v", transport.OutgoingShm(m))
+}
+
+// shmOwnersAtOnce is a child that opens as many shm-only managers as its
+// argument says, all at once, prints the handle of a buffer of each, and
+// keeps them until its stdin ends.
+func init() {
+	testpeer.Register("shm owners at once", func(conn io.ReadWriter, args []string) error {
+		var n int
+		if _, err := fmt.Sscan(args[0], &n); err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			mem, err := mr.Alloc(64)
+			if err != nil {
+				return err
+			}
+			b, err := m.Register(mem, mr.ReadWrite)
+			if err != nil {
+				return err
+			}
+			h, err := b.Remote().MarshalBinary()
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintln(conn, hex.EncodeToString(h)); err != nil {
+				return err
+			}
+		}
+		_, err := io.Copy(io.Discard, conn)
+		return err
+	})
+}
+
+// TestShmBatchOfNewOwners: after meeting 150 owners in turn, one request
+// writes to 110 owners it never met: more new names than its shm
+// endpoint's map has slots left. The ops must move to a new endpoint in
+// the middle of the request; every op succeeds and the bytes are in
+// place.
+func TestShmBatchOfNewOwners(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	const n = 110
+	m := newManager(t, transport.WithProviders("shm"))
+	meetOwners(t, m, 150)
+	p, err := testpeer.StartFunc("shm owners at once", fmt.Sprint(n))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	local := alloc(t, 2*n*8)
+	buf := register(t, m, local, mr.ReadWrite)
+	remotes := make([]transport.RemoteBuffer, n)
+	w, r := m.NewAction(), m.NewAction()
+	for i := range remotes {
+		line, err := p.ReadLine()
+		require.NoError(t, err)
+		h, err := hex.DecodeString(strings.TrimSpace(line))
+		require.NoError(t, err)
+		require.NoError(t, remotes[i].UnmarshalBinary(h))
+		remotes[i], err = remotes[i].Slice(0, 8)
+		require.NoError(t, err)
+		src, err := buf.Slice(uint64(i*8), 8)
+		require.NoError(t, err)
+		dst, err := buf.Slice(uint64((n+i)*8), 8)
+		require.NoError(t, err)
+		w.WriteFrom(remotes[i], src)
+		r.ReadInto(dst, remotes[i])
+	}
+	testpeer.Fill(local[:n*8], 7)
+	ctx := ctxTimeout(t, time.Minute)
+	require.NoError(t, w.Submit(ctx))
+	require.NoError(t, r.Submit(ctx))
+	require.Equal(t, local[:n*8], local[n*8:], "what was read back from the owners")
+	if fabric.RuntimeVersion().Major() >= 2 {
+		requireRotated(t, m, 1)
 	}
 }

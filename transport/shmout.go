@@ -13,105 +13,106 @@ import (
 // round robin, and a slot that a removed peer left comes round again
 // with that peer's handshake still recorded: the next op to the peer
 // inserted there follows a region never mapped, and crashes inside
-// libfabric (libfabric.Route.RecyclesSlots). Only peers the endpoint
-// inserts itself are at risk; one that contacts it first handshakes
-// anew. So an endpoint inserts peers only while no slot can have come
-// round: while its map took fewer than shmMapBudget names (MapAdds: its
-// inserts, and the contacts of its verifier as an upper bound of the
-// peers that reached it). Then a new endpoint takes over this manager's
-// shm ops (backendSet.shmOut, Outgoing): no handle names it, so that
-// peers never reach it, and it is retired in turn once it took its
-// share. A retired one closes once no op holds it (libfabric.Route.Retire).
-// The first endpoint (sameNode), whose name handles carry, stays as it
-// is for the peers that reach this manager's buffers.
+// libfabric (libfabric.Route.RecyclesSlots). Peers that reach an
+// endpoint by themselves take slots too, uncounted. So on 2.x the first
+// shm endpoint (sameNode), whose name handles carry and peers reach,
+// inserts no peer but itself, and this manager's own shm ops go out on
+// an Outgoing endpoint (backendSet.shmOut) that no handle names and no
+// peer reaches: its map takes only the names it inserts, which it
+// counts (Route.Admit, before each op), and once it took shmMapBudget of
+// them another takes over. The one replaced closes once no request
+// holds it and no peer of it is in use (libfabric.Route.Retire). On 1.x
+// the first endpoint does everything.
 
-// shmMapBudget is how many names an shm endpoint's map may take before
-// the endpoint inserts no more peers: below shm's 256 slots, with room
-// for the contacts that are counted as they connect, not as they
-// handshake.
+// shmMapBudget is how many names an Outgoing endpoint's map may take
+// before another takes over: below shm's 256 slots, with room for the
+// inserts no Admit counted (a peer forgotten between its op's Admit and
+// its insert is inserted again).
 var shmMapBudget int64 = 192
 
-// shmOut is the shm endpoint this manager's ops go out on: sameNode until
-// it took its share of names, then an Outgoing one. It opens a new one
-// when the current one took its share.
-func (m *Manager) shmOut() (*libfabric.Route, error) {
-	for {
-		bs := m.backends()
-		out := bs.shmOut
-		if out == nil {
-			out = bs.sameNode
-		}
-		if out == nil || !out.RecyclesSlots() || out.MapAdds() < shmMapBudget {
-			return out, nil
-		}
-		if err := m.rotateShmOut(out); err != nil {
-			return nil, err
-		}
+// shmOutgoing is the shm endpoint this manager's ops go out on: the
+// Outgoing one where there is one, else sameNode.
+func (bs *backendSet) shmOutgoing() *libfabric.Route {
+	if bs.shmOut != nil {
+		return bs.shmOut
 	}
+	return bs.sameNode
 }
 
-// holdShm holds b, an shm endpoint route picked for an op, until the
-// op's request ends (releaseOps): a retired Outgoing endpoint closes only
-// once nothing holds it. When b drained since it was picked, the
-// endpoint that took its place is held instead. The first endpoint is
-// never closed before the manager: it needs no hold.
-func (m *Manager) holdShm(o *opSpec, b *libfabric.Route) (*libfabric.Route, error) {
+// holdShm readies b, the shm endpoint route picked for op o toward the
+// endpoint name, for o: an Outgoing endpoint is held until the request
+// ends (releaseOps), so that it does not close under it, and must admit
+// name (Route.Admit). When b drained, retires, or took its share of
+// names, the endpoint that takes its place is used instead (opened
+// here in the last case).
+func (m *Manager) holdShm(o *opSpec, b *libfabric.Route, name []byte) (*libfabric.Route, error) {
 	for b.Outgoing {
 		if b.Hold() {
-			if o.held != nil {
-				o.held.Unhold()
+			if b.Admit(name, shmMapBudget) {
+				if o.held != nil {
+					o.held.Unhold()
+				}
+				o.held = b
+				return b, nil
 			}
-			o.held = b
-			return b, nil
+			b.Unhold()
+			if err := m.rotateShmOut(b); err != nil {
+				return nil, err
+			}
 		}
-		var err error
-		if b, err = m.shmOut(); err != nil {
-			return nil, err
-		}
+		b = m.backends().shmOutgoing()
+	}
+	return b, nil
+}
+
+// newShmOut opens an Outgoing shm endpoint like from, at index i.
+func (m *Manager) newShmOut(i int, from *libfabric.Route) (*libfabric.Route, error) {
+	b, err := m.open(i, &from.Info, "this manager's own shm ops: no handle names it, and it is replaced once its map took its share of names", "outgoing")
+	if err != nil {
+		return nil, err
+	}
+	b.Outgoing = true
+	if err := b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
+		_ = b.Close()
+		return nil, err
 	}
 	return b, nil
 }
 
 // rotateShmOut opens the Outgoing shm endpoint that takes over from old,
-// which took its share of names, and retires old unless it is the first
-// endpoint. It does nothing when old is no longer the one ops go out on.
+// which took its share of names or is stuck, and retires old. It does
+// nothing when old is no longer the one ops go out on. It takes no hold
+// of the manager (a request that holds it calls it), and does nothing
+// once the manager closes: Close waits for one under way.
 func (m *Manager) rotateShmOut(old *libfabric.Route) error {
-	if err := m.acquire(); err != nil {
-		return err
-	}
-	defer m.releaseManager()
 	m.replaceMu.Lock()
 	defer m.replaceMu.Unlock()
+	if m.closing.Load() {
+		return ErrClosed
+	}
 	cur := m.backends()
-	if out := cur.shmOut; out != old && !(out == nil && cur.sameNode == old) {
+	if cur.shmOut != old {
 		return nil
 	}
-	b, err := m.open(len(cur.all), &old.Info, "this manager's own shm ops, once the endpoint before took its share of peers", "outgoing")
-	if err == nil {
-		b.Outgoing = true
-		if err = b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
-			_ = b.Close()
-		}
-	}
+	b, err := m.newShmOut(cur.indexes, old)
 	if err != nil {
-		m.log.Error().Err(err).Int64("names", old.MapAdds()).Msg("the shm endpoint took its share of peers, and no new one could be opened")
-		return fmt.Errorf("%w: this manager's shm endpoint has met %d peers, as many as libfabric %s's shm can take on one endpoint safely, and a new endpoint could not be opened: %v",
+		m.log.Error().Err(err).Int64("names", old.MapAdds()).Msg("no new shm endpoint for this manager's ops")
+		return fmt.Errorf("%w: this manager's shm endpoint has met %d peers, as many as libfabric %v's shm can take on one endpoint safely, and a new endpoint could not be opened: %v",
 			ErrNoRoute, old.MapAdds(), fabric.RuntimeVersion(), err)
 	}
 	next := *cur
 	next.all = append(append([]*libfabric.Route(nil), cur.all...), b)
-	next.shmOut = b
+	next.shmOut, next.indexes = b, cur.indexes+1
 	m.set.Store(&next)
-	if old.Outgoing {
-		old.Retire(func() { m.closeRetired(old) })
-	}
+	old.Retire(func() { m.closeRetired(old) })
 	m.log.Info().Int64("names", old.MapAdds()).Str("old", old.Address()).Str("new", b.Address()).
 		Msg("shm endpoint took its share of peers: a new one sends this manager's shm ops")
 	return nil
 }
 
 // closeRetired closes a retired Outgoing shm endpoint that nothing holds
-// any more, and the registrations buffers made on it for their ops.
+// any more, and the registrations buffers made on it for their ops, and
+// drops it from the manager's set.
 func (m *Manager) closeRetired(b *libfabric.Route) {
 	if err := m.acquire(); err != nil {
 		return // Close closes every endpoint
@@ -130,5 +131,17 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 		return
 	}
 	b.FreeScratch()
+	m.replaceMu.Lock()
+	cur := m.backends()
+	next := *cur
+	next.all = make([]*libfabric.Route, 0, len(cur.all))
+	for _, r := range cur.all {
+		if r != b {
+			next.all = append(next.all, r)
+		}
+	}
+	m.set.Store(&next)
+	m.replaceMu.Unlock()
+	m.shmOutClosed.Add(1)
 	m.log.Debug().Str("endpoint", b.Address()).Msg("retired shm endpoint closed")
 }

@@ -426,7 +426,6 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		}
 	}()
 	var cmaSeen cmaEntries
-	var checkBackend *libfabric.Route
 	for i := range ops {
 		o := &ops[i]
 		if o.local.st == nil || o.local.st.m != m {
@@ -457,7 +456,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		}
 		b, ep := rt.b, rt.ep
 		if rt.kind == route.Fabric && b.Outgoing {
-			if b, err = m.holdShm(o, b); err != nil {
+			if b, err = m.holdShm(o, b, ep.name); err != nil {
 				return fmt.Errorf("%s: %w", o.op, err)
 			}
 		}
@@ -478,14 +477,12 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			if sn == nil || o.remote.endpoint(sn.Name()) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
-			out, err := m.shmOut()
-			if err == nil {
-				out, err = m.holdShm(o, out)
-			}
+			o.ep = o.remote.endpoint(sn.Name())
+			out, err := m.holdShm(o, m.backends().shmOutgoing(), o.ep.name)
 			if err != nil {
 				return fmt.Errorf("%s: %w", o.op, err)
 			}
-			o.kind, b, o.b, o.ep = route.Fabric, out, out, o.remote.endpoint(sn.Name())
+			o.kind, b, o.b = route.Fabric, out, out
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
 				return fmt.Errorf("%s: %w", o.op, err) // route checked the handle's cma part only
 			}
@@ -529,9 +526,6 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 				}
 				continue
 			}
-			if checkBackend == nil {
-				checkBackend = b
-			}
 			if pooled == nil {
 				pooled = guardChecks.Get().(*[]guardCheck)
 				checks = (*pooled)[:0]
@@ -543,7 +537,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		return nil
 	}
 	start, deadline := times.get()
-	if err := m.verifyGuards(ctx, start, deadline, checkBackend, ops, checks); err != nil {
+	if err := m.verifyGuards(ctx, start, deadline, ops, checks); err != nil {
 		return err
 	}
 	for _, c := range checks {

@@ -23,17 +23,37 @@ func recyclesSlots(provider fabric.Backend) bool {
 	return provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() >= 2
 }
 
-// MapAdds bounds from above how many names shm's map took since the
-// endpoint opened: each insert of this route's (every new name, even one
-// whose insert then failed) and each contact NoteContact counted (a peer
-// that may have begun its handshake with this endpoint). On a route that
-// RecyclesSlots, no slot comes round again while MapAdds stays below the
-// map's 256 slots.
-func (r *Route) MapAdds() int64 { return r.inserts.Load() + r.contacts.Load() }
+// MapAdds bounds from above how many names this route added to shm's
+// map since the endpoint opened: every new name it inserted, even one
+// whose insert failed, and every name Admit counted. On a route that
+// RecyclesSlots and that no peer reaches by itself, no slot comes round
+// again while MapAdds stays below the map's 256 slots.
+func (r *Route) MapAdds() int64 { return r.inserts.Load() }
 
-// NoteContact counts a peer that may reach this endpoint by itself (see
-// MapAdds).
-func (r *Route) NoteContact() { r.contacts.Add(1) }
+// Admit counts the slot of shm's map that an op toward name will take,
+// before the op inserts it, on a route that RecyclesSlots. It reports
+// false when r is retiring, or when name is new to r and r's map took
+// budget names already: the op picks another route then. A name r holds
+// or counted already takes no new slot. Other routes admit every name
+// while not retiring.
+func (r *Route) Admit(name []byte, budget int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.retiring:
+		return false
+	case !r.recycles || r.peers[string(name)] != nil || r.pending[string(name)]:
+		return true
+	case r.inserts.Load() >= budget:
+		return false
+	}
+	r.inserts.Add(1)
+	if r.pending == nil {
+		r.pending = map[string]bool{}
+	}
+	r.pending[string(name)] = true
+	return true
+}
 
 // drainedHolds is holds once a retired route drained: no Hold succeeds.
 const drainedHolds = -1 << 40

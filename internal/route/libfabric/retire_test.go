@@ -32,12 +32,14 @@ func TestRetireWaitsForHoldsAndPeers(t *testing.T) {
 	require.True(t, r.Retired.Load())
 	r.maybeDrained() // as the retire's own goroutine and every release do
 	require.False(t, isDrained(), "drained while a request holds it")
+	require.Positive(t, r.holds.Load(), "drained while a request holds it")
 	p, err := r.Peer(owner.EndpointName()) // the request takes its peer
 	require.NoError(t, err)
 
 	r.Unhold()
 	r.maybeDrained()
 	require.False(t, isDrained(), "drained while its peer is in use")
+	require.Zero(t, r.holds.Load(), "drained while its peer is in use")
 	require.True(t, r.Hold(), "a request may still pick it: it has not drained")
 	q, err := r.Peer(owner.EndpointName())
 	require.NoError(t, err)
@@ -45,6 +47,7 @@ func TestRetireWaitsForHoldsAndPeers(t *testing.T) {
 	q.Done()
 	r.Unhold()
 	require.False(t, isDrained(), "drained while its peer is in use")
+	require.Zero(t, r.holds.Load(), "drained while its peer is in use")
 
 	p.Done() // the last use: the peer is forgotten, and the route drains
 	select {
@@ -59,11 +62,14 @@ func TestRetireWaitsForHoldsAndPeers(t *testing.T) {
 }
 
 // TestMapAddsCounts: every insert of a new name counts, a name already
-// inserted does not, and contacts count.
+// inserted does not; on a route that RecyclesSlots, Admit counts a new
+// name once, before its insert, and refuses new names past the budget;
+// a retiring route admits nothing.
 func TestMapAddsCounts(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	r := openWith(t, fabric.BackendSHM, shmHints())
 	owner := openWith(t, fabric.BackendSHM, shmHints())
+	other := openWith(t, fabric.BackendSHM, shmHints())
 	require.Zero(t, r.MapAdds())
 	for range 2 {
 		p, err := r.Peer(owner.EndpointName())
@@ -71,7 +77,19 @@ func TestMapAddsCounts(t *testing.T) {
 		p.Done()
 	}
 	require.EqualValues(t, 1, r.MapAdds())
-	r.NoteContact()
-	require.EqualValues(t, 2, r.MapAdds())
-	require.Equal(t, fabric.RuntimeVersion().Major() >= 2, r.RecyclesSlots())
+	recycles := fabric.RuntimeVersion().Major() >= 2
+	require.Equal(t, recycles, r.RecyclesSlots())
+	require.True(t, r.Admit(owner.EndpointName(), 1), "a name inserted already takes no new slot")
+	require.Equal(t, !recycles, r.Admit(other.EndpointName(), 1), "a new name past the budget")
+	require.True(t, r.Admit(other.EndpointName(), 2))
+	p, err := r.Peer(other.EndpointName())
+	require.NoError(t, err)
+	p.Done()
+	want := int64(2) // the insert Admit counted counts once
+	require.Equal(t, want, r.MapAdds())
+	_, err = r.Peer([]byte("fi_shm://999999999:0:0")) // no region: not inserted, not counted
+	require.Error(t, err)
+	require.Equal(t, want, r.MapAdds())
+	r.Retire(func() {})
+	require.False(t, r.Admit(owner.EndpointName(), 100), "a retiring route admits nothing")
 }

@@ -67,6 +67,8 @@ type Route struct {
 	// retiring, onDrained: see Retire.
 	retiring  bool
 	onDrained func()
+	// pending: names Admit counted that are not inserted yet.
+	pending map[string]bool
 	added     map[string]int // AddPeer calls not yet undone, per name
 	// unmapped: on libfabric 1.x, shm names whose region went while they
 	// were inserted (PeerBy); never inserted again.
@@ -74,9 +76,7 @@ type Route struct {
 
 	recycles     bool // RecyclesSlots
 	scratchFreed atomic.Bool
-	// inserts and contacts: see MapAdds.
-	inserts  atomic.Int64
-	contacts atomic.Int64
+	inserts atomic.Int64 // see MapAdds
 	// holds counts Hold; drainedHolds once the route drained (Retire).
 	holds atomic.Int64
 
@@ -339,7 +339,11 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 			return
 		}
 		var addr uint64
-		r.inserts.Add(1) // shm's map may take a slot even for an insert that fails
+		if r.pending[string(name)] {
+			delete(r.pending, string(name)) // Admit counted it
+		} else {
+			r.inserts.Add(1) // shm's map may take a slot even for an insert that fails
+		}
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
 			return
 		}
