@@ -69,14 +69,14 @@ type Route struct {
 	onDrained func()
 	// pending: names Admit counted that are not inserted yet.
 	pending map[string]bool
-	added     map[string]int // AddPeer calls not yet undone, per name
+	added   map[string]int // AddPeer calls not yet undone, per name
 	// unmapped: on libfabric 1.x, shm names whose region went while they
 	// were inserted (PeerBy); never inserted again.
 	unmapped map[string]bool
 
 	recycles     bool // RecyclesSlots
 	scratchFreed atomic.Bool
-	inserts atomic.Int64 // see MapAdds
+	inserts      atomic.Int64 // see MapAdds
 	// holds counts Hold; drainedHolds once the route drained (Retire).
 	holds atomic.Int64
 
