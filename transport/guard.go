@@ -253,6 +253,9 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 		if te := busy(err, o.op, b.Addr(name), o.remote.n, start); te != nil {
 			return te
 		}
+		if gone := goneFor(err, o.op); gone != nil {
+			return gone
+		}
 		return err
 	}
 	x := b.NewXfer(nil)

@@ -615,6 +615,19 @@ func busy(err error, op progress.Op, peer string, n uint64, start time.Time) *pr
 	return &out
 }
 
+// goneFor is err, PeerBy's *progress.PeerGoneError for a peer whose shm
+// endpoint is gone, with the op it stopped, or nil for another error:
+// PeerBy does not know the op.
+func goneFor(err error, op progress.Op) *progress.PeerGoneError {
+	g, ok := err.(*progress.PeerGoneError)
+	if !ok {
+		return nil
+	}
+	c := *g
+	c.Op = op
+	return &c
+}
+
 // awaited is op o's *progress.TimeoutError when err says that its
 // request's limits ended while it waited for a same-node owner's answer
 // (*awaitError), else nil (a manager that closed meanwhile is ErrClosed).
@@ -638,6 +651,9 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	if err != nil {
 		if te := busy(err, o.op, b.Addr(o.ep.name), o.remote.n, start); te != nil {
 			return te
+		}
+		if gone := goneFor(err, o.op); gone != nil {
+			return gone
 		}
 		return fmt.Errorf("%s over %s: %w", o.op, b.Provider, err)
 	}

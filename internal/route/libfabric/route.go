@@ -335,7 +335,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		if shm && !shmRegionExists(name) {
 			// Not inserted at all: shm would take it with no region (see
 			// shmRegionExists).
-			err = shmRegionGone(name)
+			err = r.shmRegionGone(name)
 			return
 		}
 		var addr uint64
@@ -358,7 +358,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 				}
 				r.unmapped[string(name)] = true
 			}
-			err = shmRegionGone(name)
+			err = r.shmRegionGone(name)
 			return
 		}
 		raw := append([]byte(nil), name...)

@@ -11,6 +11,7 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // Writes over shm and the completion level.
@@ -109,10 +110,12 @@ func shmRegionExists(name []byte) bool {
 	return ok && int(st.Uid) == os.Geteuid()
 }
 
-// shmRegionGone is PeerBy's error for a peer whose region is gone.
-func shmRegionGone(name []byte) error {
-	return fmt.Errorf("%w: the shm endpoint %q no longer exists (its manager closed it, or its process ended)",
-		errclass.ErrPeerGone, shmText(name))
+// shmRegionGone is PeerBy's error for a peer whose region is gone: a
+// *progress.PeerGoneError, as every route's for a peer that is gone. Its
+// Op is the zero one: the caller, which knows the op, sets it.
+func (r *Route) shmRegionGone(name []byte) error {
+	return &progress.PeerGoneError{Provider: string(r.Provider), Peer: r.Addr(name),
+		Cause: "its shm endpoint no longer exists: its manager closed it, or its process ended"}
 }
 
 // shmNameSpent is PeerBy's error for a name whose region went while it

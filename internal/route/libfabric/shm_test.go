@@ -63,6 +63,9 @@ func TestPeerWhoseRegionIsGone(t *testing.T) {
 		_, err = initiator.Peer(name)
 		require.ErrorIs(t, err, errclass.ErrPeerGone)
 		assert.Contains(t, err.Error(), "no longer exists")
+		var pg *progress.PeerGoneError
+		require.ErrorAs(t, err, &pg, "the type every route's peer-gone errors have")
+		assert.NotEmpty(t, pg.Cause)
 	}
 }
 
