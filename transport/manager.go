@@ -747,9 +747,11 @@ func peerGoneOf(err error) *progress.PeerGoneError {
 // spinning caller). Transfers progress by themselves; Poll is
 // for code that spins on its own memory waiting for a peer's write — a
 // pingpong, a flag — and wants that spinning to drive progress too.
+// Peers' writes never come over an Outgoing shm endpoint: it is left to
+// the ops that wait on it and to its loop.
 func (m *Manager) Poll() {
 	for _, b := range m.backends().all {
-		if !b.Retired.Load() {
+		if !b.Retired.Load() && !b.Outgoing {
 			b.PollIfWanted()
 		}
 	}
@@ -767,7 +769,7 @@ func (m *Manager) Poll() {
 // BusyPollPolicy the other loops spin meanwhile, a core each.
 func (m *Manager) PollRoute(rt Route) {
 	for _, b := range m.backends().all {
-		if b.Name() == rt.Backend && !b.Retired.Load() {
+		if b.Name() == rt.Backend && !b.Retired.Load() && !b.Outgoing {
 			b.PollIfWanted()
 		}
 	}
