@@ -1,7 +1,10 @@
 package libfabric
 
 import (
+	"fmt"
+
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 )
 
 // RecyclesSlots reports whether shm may give a peer inserted on r a slot
@@ -81,36 +84,54 @@ func (r *Route) Unhold() {
 	}
 }
 
-// Retire marks r retired, forgets its peers (each once its last use
-// ends; those it takes later too) and calls drained, on a goroutine of
-// its own, once no hold and no peer remain: the caller closes it then.
-// A route whose calls do not return never drains.
+// Retire marks r retired and calls drained, on a goroutine of its own,
+// once no request holds it and no peer of it is in use: the caller closes
+// it then, and with it the peers' slots. It forgets no peer before: a
+// request still holding r would insert a forgotten peer again, and each
+// insert takes a new slot of shm's map, which is what a route that
+// RecyclesSlots must not run out of. A route whose calls do not return
+// never drains.
 func (r *Route) Retire(drained func()) {
 	r.mu.Lock()
 	r.retiring, r.onDrained = true, drained
-	names := make([][]byte, 0, len(r.peers))
-	for _, p := range r.peers {
-		names = append(names, p.raw)
-	}
 	r.mu.Unlock()
 	r.Retired.Store(true)
-	go func() {
-		for _, name := range names {
-			r.Forget(name)
-		}
-		r.maybeDrained()
-	}()
+	r.maybeDrained()
 }
 
 // maybeDrained calls the drained func of a retiring route once nothing
-// holds it any more. Under r.mu, so that no peer is inserted in between:
-// an insert runs under a hold, and a hold taken after the swap fails.
+// holds it any more. Under r.mu, so that no peer is taken in between: a
+// peer is taken under a hold, and a hold taken after the swap fails.
 func (r *Route) maybeDrained() {
 	r.mu.Lock()
-	fire := r.retiring && len(r.peers) == 0 && r.holds.CompareAndSwap(0, drainedHolds)
+	fire := r.retiring && !r.peerInUse() && r.holds.CompareAndSwap(0, drainedHolds)
 	fn := r.onDrained
 	r.mu.Unlock()
 	if fire && fn != nil {
 		go fn()
 	}
+}
+
+// peerInUse reports whether a peer of r is in use (an Xfer holds it, or
+// a caller of Peer has not called Done yet). Under r.mu.
+func (r *Route) peerInUse() bool {
+	for _, p := range r.peers {
+		if p.uses.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// mapAddsMax is how many names a route that RecyclesSlots adds to shm's
+// map at most (PeerBy refuses more): below the 256 slots, so that no
+// insert gets a slot a removed peer left. Admit's budget stops new names
+// well before; this stops inserts no Admit counted (a peer forgotten
+// between its Admit and its op's insert is inserted again).
+const mapAddsMax = 248
+
+// mapFull is PeerBy's error past mapAddsMax.
+func (r *Route) mapFull(name []byte) error {
+	return fmt.Errorf("%w: this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent",
+		errclass.ErrBlocked, r.inserts.Load(), r.Addr(name), fabric.RuntimeVersion())
 }

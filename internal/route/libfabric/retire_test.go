@@ -7,38 +7,31 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/errclass"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
 // TestRetireWaitsForHoldsAndPeers: a retired route drains only once no
-// request holds it and no peer is in use, and then refuses holds; a peer
-// it takes while retiring leaves with its last use.
+// request holds it and no peer is in use, and then refuses holds. It
+// forgets no peer meanwhile: a request still holding it finds its peer
+// inserted, not inserted again in a new slot of shm's map.
 func TestRetireWaitsForHoldsAndPeers(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	r := openWith(t, fabric.BackendSHM, shmHints())
 	owner := openWith(t, fabric.BackendSHM, shmHints())
 	drained := make(chan struct{})
-	isDrained := func() bool {
-		select {
-		case <-drained:
-			return true
-		default:
-			return false
-		}
-	}
 
 	require.True(t, r.Hold())
 	r.Retire(func() { close(drained) })
 	require.True(t, r.Retired.Load())
-	r.maybeDrained() // as the retire's own goroutine and every release do
-	require.False(t, isDrained(), "drained while a request holds it")
+	r.maybeDrained() // as every release does
 	require.Positive(t, r.holds.Load(), "drained while a request holds it")
 	p, err := r.Peer(owner.EndpointName()) // the request takes its peer
 	require.NoError(t, err)
+	adds := r.MapAdds()
 
 	r.Unhold()
 	r.maybeDrained()
-	require.False(t, isDrained(), "drained while its peer is in use")
 	require.Zero(t, r.holds.Load(), "drained while its peer is in use")
 	require.True(t, r.Hold(), "a request may still pick it: it has not drained")
 	q, err := r.Peer(owner.EndpointName())
@@ -46,25 +39,26 @@ func TestRetireWaitsForHoldsAndPeers(t *testing.T) {
 	require.Same(t, p, q)
 	q.Done()
 	r.Unhold()
-	require.False(t, isDrained(), "drained while its peer is in use")
 	require.Zero(t, r.holds.Load(), "drained while its peer is in use")
+	require.Equal(t, adds, r.MapAdds(), "the peer was inserted again")
 
-	p.Done() // the last use: the peer is forgotten, and the route drains
+	p.Done() // the last use: the route drains
 	select {
 	case <-drained:
 	case <-time.After(10 * time.Second):
-		t.Fatal("not drained 10 s after its last hold and peer ended")
+		t.Fatal("not drained 10 s after its last hold and peer use ended")
 	}
 	require.False(t, r.Hold(), "a drained route takes no hold")
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	require.Empty(t, r.peers)
+	require.Len(t, r.peers, 1, "closing the endpoint releases the peers, not Retire")
 }
 
 // TestMapAddsCounts: every insert of a new name counts, a name already
 // inserted does not; on a route that RecyclesSlots, Admit counts a new
 // name once, before its insert, and refuses new names past the budget;
-// a retiring route admits nothing.
+// past mapAddsMax it inserts nothing more; a retiring route admits
+// nothing.
 func TestMapAddsCounts(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	r := openWith(t, fabric.BackendSHM, shmHints())
@@ -90,6 +84,15 @@ func TestMapAddsCounts(t *testing.T) {
 	_, err = r.Peer([]byte("fi_shm://999999999:0:0")) // no region: not inserted, not counted
 	require.Error(t, err)
 	require.Equal(t, want, r.MapAdds())
+	third := openWith(t, fabric.BackendSHM, shmHints())
+	r.inserts.Store(mapAddsMax) // as after many inserts no Admit counted
+	p, err = r.Peer(third.EndpointName())
+	if recycles {
+		require.ErrorIs(t, err, errclass.ErrBlocked, "an insert past mapAddsMax")
+	} else {
+		require.NoError(t, err, "1.x's map has no slot to recycle")
+		p.Done()
+	}
 	r.Retire(func() {})
-	require.False(t, r.Admit(owner.EndpointName(), 100), "a retiring route admits nothing")
+	require.False(t, r.Admit(owner.EndpointName(), 1000), "a retiring route admits nothing")
 }

@@ -286,8 +286,13 @@ func (p *Peer) Name() string { return p.name }
 // inside the loop (an Xfer that went idle), where Forget's Do would wait
 // for itself.
 func (p *Peer) Done() {
-	if p.uses.Add(-1) == 0 && p.forget.Load() {
-		go p.r.forget(p.raw, p)
+	if p.uses.Add(-1) == 0 {
+		switch {
+		case p.forget.Load():
+			go p.r.forget(p.raw, p)
+		case p.r.Retired.Load():
+			go p.r.maybeDrained() // its last use may have been the route's (Retire)
+		}
 	}
 }
 
@@ -339,9 +344,13 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 			return
 		}
 		var addr uint64
-		if r.pending[string(name)] {
+		switch {
+		case r.pending[string(name)]:
 			delete(r.pending, string(name)) // Admit counted it
-		} else {
+		case r.recycles && r.inserts.Load() >= mapAddsMax:
+			err = r.mapFull(name)
+			return
+		default:
 			r.inserts.Add(1) // shm's map may take a slot even for an insert that fails
 		}
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
@@ -363,7 +372,6 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		}
 		raw := append([]byte(nil), name...)
 		p = &Peer{addr: addr, raw: raw, name: r.Addr(raw), drop: new(drop), r: r}
-		p.forget.Store(r.retiring) // its last use forgets it (Retire)
 		p.uses.Add(1)
 		r.peers[string(name)] = p
 	}); derr != nil {
