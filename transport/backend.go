@@ -5,7 +5,11 @@ type Backend struct {
 	Provider string // "shm", "tcp;ofi_rxm", "efa", ...
 	Fabric   string
 	Domain   string
-	Role     string // "same node", "remote", or "forced" (WithProviders)
-	Reason   string // why it was chosen
-	Address  string // this manager's endpoint address on it
+	// Role is "same node", "remote", or "forced" (WithProviders); or
+	// "outgoing" for an shm endpoint only this manager's own ops use
+	// (libfabric 2.x: peers never reach it), or "retired" for one that
+	// no longer serves.
+	Role    string
+	Reason  string // why it was chosen
+	Address string // this manager's endpoint address on it
 }

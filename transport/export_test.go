@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 )
 
 // testTimes is the limits of a request with no deadline of its own, as
@@ -39,15 +41,24 @@ func GuardDirect(m *Manager) bool { return m.guardDirect }
 func GuardOverShm(m *Manager) { m.guardDirect = false }
 
 // LoopsParked reports, by provider, whether the progress loop of each of
-// m's libfabric backends is parked (waiting for work without polling).
+// m's libfabric backends is parked (waiting for work without polling); an
+// Outgoing shm endpoint's is "shm/outgoing".
 func LoopsParked(m *Manager) map[string]bool {
 	out := map[string]bool{}
 	for _, b := range m.backends().all {
 		if !b.Retired.Load() {
-			out[b.Name()] = b.Parked()
+			out[loopKey(b)] = b.Parked()
 		}
 	}
 	return out
+}
+
+// loopKey names b's loop for LoopsParked, LoopRounds and LoopPolls.
+func loopKey(b *libfabric.Route) string {
+	if b.Outgoing {
+		return b.Name() + "/outgoing"
+	}
+	return b.Name()
 }
 
 // SetFirstOpGrace sets how long an owner's shm loop polls for every peer
@@ -103,7 +114,7 @@ func LoopRounds(m *Manager) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, b := range m.backends().all {
 		if !b.Retired.Load() {
-			out[b.Name()] += b.Rounds()
+			out[loopKey(b)] += b.Rounds()
 		}
 	}
 	return out
@@ -115,7 +126,7 @@ func LoopPolls(m *Manager) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, b := range m.backends().all {
 		if !b.Retired.Load() {
-			out[b.Name()] += b.Polls()
+			out[loopKey(b)] += b.Polls()
 		}
 	}
 	return out
@@ -155,10 +166,13 @@ func CloseWaits(b *Buffer) bool {
 	return b.st.closed && b.st.drained != nil
 }
 
-// SetShmMapBudget sets how many names an shm endpoint's map may take
-// before another takes over the manager's shm ops, until restore is
-// called.
+// SetShmMapBudget sets how many names an Outgoing shm endpoint's map may
+// take before another takes over the manager's shm ops, until restore is
+// called. At least 2: a new endpoint has inserted itself.
 func SetShmMapBudget(n int64) (restore func()) {
+	if n < 2 {
+		panic("SetShmMapBudget: a budget below 2 leaves a new endpoint no name to take")
+	}
 	old := shmMapBudget
 	shmMapBudget = n
 	return func() { shmMapBudget = old }

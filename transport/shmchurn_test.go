@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -250,37 +251,81 @@ func init() {
 // place.
 func TestShmBatchOfNewOwners(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
-	const n = 110
 	m := newManager(t, transport.WithProviders("shm"))
 	meetOwners(t, m, 150)
+	roundTrip(t, m, ownersAtOnce(t, 110), 7)
+	if fabric.RuntimeVersion().Major() >= 2 {
+		requireRotated(t, m, 1)
+	}
+}
+
+// TestShmRotationMidRequestToKnownOwners: a request to 71 owners this
+// manager knows, and one new one past its endpoint's share: the new name
+// moves its op to a new endpoint, and the ops before it, held on the
+// endpoint it retires, must find their peers still inserted there. A
+// retired endpoint that forgot its idle peers at once had them inserted
+// again, past shm's 256 slots, and crashed (a review's test).
+func TestShmRotationMidRequestToKnownOwners(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	m := newManager(t, transport.WithProviders("shm"))
+	meetOwners(t, m, 120)
+	known := ownersAtOnce(t, 71)
+	roundTrip(t, m, known, 1)
+	for round := range 3 {
+		roundTrip(t, m, append(known, ownersAtOnce(t, 1)...), uint64(2+round))
+	}
+}
+
+// TestShmBatchGuardsOverShm: one request to 200 owners never met, with
+// the handle checks read over shm (as where shm does not copy with
+// process_vm_readv): a check and the op then each take the peer, and
+// the second must find it, not insert it again in a new slot.
+func TestShmBatchGuardsOverShm(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	m := newManager(t, transport.WithProviders("shm"))
+	transport.GuardOverShm(m)
+	roundTrip(t, m, ownersAtOnce(t, 200), 5)
+}
+
+// ownersAtOnce starts a child with n shm owners open at once (until the
+// test ends) and returns 8 bytes of a buffer of each.
+func ownersAtOnce(t *testing.T, n int) []transport.RemoteBuffer {
+	t.Helper()
 	p, err := testpeer.StartFunc("shm owners at once", fmt.Sprint(n))
 	require.NoError(t, err)
-	defer func() { require.NoError(t, p.Close()) }()
-	local := alloc(t, 2*n*8)
-	buf := register(t, m, local, mr.ReadWrite)
-	remotes := make([]transport.RemoteBuffer, n)
-	w, r := m.NewAction(), m.NewAction()
-	for i := range remotes {
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	out := make([]transport.RemoteBuffer, n)
+	for i := range out {
 		line, err := p.ReadLine()
 		require.NoError(t, err)
 		h, err := hex.DecodeString(strings.TrimSpace(line))
 		require.NoError(t, err)
-		require.NoError(t, remotes[i].UnmarshalBinary(h))
-		remotes[i], err = remotes[i].Slice(0, 8)
+		require.NoError(t, out[i].UnmarshalBinary(h))
+		out[i], err = out[i].Slice(0, 8)
 		require.NoError(t, err)
+	}
+	return out
+}
+
+// roundTrip writes 8 bytes of the pattern of seed to each of remotes in
+// one request, reads them back in another, and checks them.
+func roundTrip(t *testing.T, m *transport.Manager, remotes []transport.RemoteBuffer, seed uint64) {
+	t.Helper()
+	n := len(remotes)
+	local := alloc(t, 2*n*8)
+	buf := register(t, m, local, mr.ReadWrite)
+	w, r := m.NewAction(), m.NewAction()
+	for i, rb := range remotes {
 		src, err := buf.Slice(uint64(i*8), 8)
 		require.NoError(t, err)
 		dst, err := buf.Slice(uint64((n+i)*8), 8)
 		require.NoError(t, err)
-		w.WriteFrom(remotes[i], src)
-		r.ReadInto(dst, remotes[i])
+		w.WriteFrom(rb, src)
+		r.ReadInto(dst, rb)
 	}
-	testpeer.Fill(local[:n*8], 7)
+	testpeer.Fill(local[:n*8], seed)
 	ctx := ctxTimeout(t, time.Minute)
 	require.NoError(t, w.Submit(ctx))
 	require.NoError(t, r.Submit(ctx))
 	require.Equal(t, local[:n*8], local[n*8:], "what was read back from the owners")
-	if fabric.RuntimeVersion().Major() >= 2 {
-		requireRotated(t, m, 1)
-	}
 }

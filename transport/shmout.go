@@ -97,7 +97,7 @@ func (m *Manager) rotateShmOut(old *libfabric.Route) error {
 	b, err := m.newShmOut(cur.indexes, old)
 	if err != nil {
 		m.log.Error().Err(err).Int64("names", old.MapAdds()).Msg("no new shm endpoint for this manager's ops")
-		return fmt.Errorf("%w: this manager's shm endpoint has met %d peers, as many as libfabric %v's shm can take on one endpoint safely, and a new endpoint could not be opened: %v",
+		return fmt.Errorf("%w: this manager's shm endpoint for its own ops took %d names (libfabric %v's shm takes no more on one endpoint safely) or is stuck, and a new endpoint could not be opened: %v",
 			ErrNoRoute, old.MapAdds(), fabric.RuntimeVersion(), err)
 	}
 	next := *cur

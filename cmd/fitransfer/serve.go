@@ -103,7 +103,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	var backends []string
 	for _, b := range m.Backends() {
-		backends = append(backends, b.Provider)
+		if b.Role != "outgoing" && b.Role != "retired" { // what clients reach
+			backends = append(backends, b.Provider)
+		}
 	}
 	if o.asJSON {
 		_ = writeJSON(stdout, map[string]any{"listen": srv.Addr().String(), "handle": h, "size": size, "backends": backends})
