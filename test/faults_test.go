@@ -88,9 +88,9 @@ func peerOf(t *testing.T, m *transport.Manager, h transport.RemoteBuffer) string
 // TestOwnerKilled: an owner killed with a transfer of 64 MiB in flight
 // ends it within a few seconds (the context allows 20) with ErrPeerGone,
 // naming the peer, without goroutines left behind. Then the manager works
-// with another peer, except over 2.x's shm, where ops to the dead owner
-// block the endpoint: the next transfer fails at once with
-// ErrEndpointBlocked, and a new manager works.
+// with another peer: over 2.x's shm, where ops to the dead owner block
+// the endpoint they went out on (shm completes an endpoint's ops in
+// order), the next transfer goes out on a new one.
 func TestOwnerKilled(t *testing.T) {
 	for _, prov := range providers {
 		for _, op := range []string{"read", "write"} {

@@ -48,7 +48,8 @@ type outcome struct {
 	// ownerKilledBlocks: after an owner was killed with ops in flight,
 	// the manager's next transfer to another peer fails at once with
 	// ErrEndpointBlocked (shm completes an endpoint's ops in order)
-	// instead of working.
+	// instead of working. None does now: on libfabric 2.x the manager's
+	// own shm ops leave such an endpoint for a new one.
 	ownerKilledBlocks bool
 	// ownerStopped: how a 1 MiB transfer to a stopped owner ends.
 	ownerStopped stoppedEnd
@@ -70,7 +71,7 @@ var outcomes = map[outcomeKey]outcome{
 	{testenv.RouteCMA, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
 	{testenv.RouteCMA, 2}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
 	{testenv.RouteSHM, 1}: {ownerKilledBlocks: false, ownerStopped: completes, stoppedBig: completes, stoppedUnverified: answerTimesOut, stoppedNewBuffer: completes},
-	{testenv.RouteSHM, 2}: {ownerKilledBlocks: true, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: answerTimesOut, stoppedNewBuffer: checkTimesOut},
+	{testenv.RouteSHM, 2}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: answerTimesOut, stoppedNewBuffer: checkTimesOut},
 	{testenv.RouteTCP, 1}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
 	{testenv.RouteTCP, 2}: {ownerKilledBlocks: false, ownerStopped: opsTimeOut, stoppedBig: opsTimeOut, stoppedUnverified: opsTimeOut, stoppedNewBuffer: opsTimeOut},
 }

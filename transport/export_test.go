@@ -178,6 +178,10 @@ func SetShmMapBudget(n int64) (restore func()) {
 	return func() { shmMapBudget = old }
 }
 
+// ShmMapBudget is how many names an Outgoing shm endpoint's map takes
+// before another takes over.
+func ShmMapBudget() int64 { return shmMapBudget }
+
 // OutgoingShm counts m's Outgoing shm endpoints: those in its set (the
 // current one, and retired ones not closed yet), and those closed.
 func OutgoingShm(m *Manager) [2]int {

@@ -715,7 +715,7 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	}
 	var local []string
 	for _, b := range bs.all {
-		if !b.Retired.Load() {
+		if !b.Retired.Load() && !b.Outgoing {
 			local = append(local, b.Name())
 		}
 	}

@@ -264,15 +264,22 @@ func TestShmBatchOfNewOwners(t *testing.T) {
 // moves its op to a new endpoint, and the ops before it, held on the
 // endpoint it retires, must find their peers still inserted there. A
 // retired endpoint that forgot its idle peers at once had them inserted
-// again, past shm's 256 slots, and crashed (a review's test).
+// again, past shm's 256 slots, and crashed (a review's test). The owners
+// met before fill the endpoint's share exactly: its own name, those met
+// in turn, the 71.
 func TestShmRotationMidRequestToKnownOwners(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
+	const known = 71
 	m := newManager(t, transport.WithProviders("shm"))
-	meetOwners(t, m, 120)
-	known := ownersAtOnce(t, 71)
-	roundTrip(t, m, known, 1)
-	for round := range 3 {
-		roundTrip(t, m, append(known, ownersAtOnce(t, 1)...), uint64(2+round))
+	meetOwners(t, m, int(transport.ShmMapBudget())-1-known)
+	owners := ownersAtOnce(t, known)
+	roundTrip(t, m, owners, 1)
+	if fabric.RuntimeVersion().Major() >= 2 {
+		require.Equal(t, [2]int{1, 0}, transport.OutgoingShm(m), "no move before the share is taken")
+	}
+	roundTrip(t, m, append(owners, ownersAtOnce(t, 1)...), 2)
+	if fabric.RuntimeVersion().Major() >= 2 {
+		requireRotated(t, m, 1)
 	}
 }
 
@@ -285,6 +292,9 @@ func TestShmBatchGuardsOverShm(t *testing.T) {
 	m := newManager(t, transport.WithProviders("shm"))
 	transport.GuardOverShm(m)
 	roundTrip(t, m, ownersAtOnce(t, 200), 5)
+	if fabric.RuntimeVersion().Major() >= 2 {
+		requireRotated(t, m, 1)
+	}
 }
 
 // ownersAtOnce starts a child with n shm owners open at once (until the

@@ -42,13 +42,16 @@ func (bs *backendSet) shmOutgoing() *libfabric.Route {
 // holdShm readies b, the shm endpoint route picked for op o toward the
 // endpoint name, for o: an Outgoing endpoint is held until the request
 // ends (releaseOps), so that it does not close under it, and must admit
-// name (Route.Admit). When b drained, retires, or took its share of
-// names, the endpoint that takes its place is used instead (opened
-// here in the last case).
+// name (Route.Admit). When b drained, retires, took its share of names,
+// or has ops to a dead peer in flight (Route.Abandoned: shm completes an
+// endpoint's ops in order, so later ones may never complete), the
+// endpoint that takes its place is used instead (opened here in the last
+// two cases): no handle names an Outgoing endpoint, so a new one costs
+// peers nothing.
 func (m *Manager) holdShm(o *opSpec, b *libfabric.Route, name []byte) (*libfabric.Route, error) {
 	for b.Outgoing {
 		if b.Hold() {
-			if b.Admit(name, shmMapBudget) {
+			if !b.Abandoned() && b.Admit(name, shmMapBudget) {
 				if o.held != nil {
 					o.held.Unhold()
 				}

@@ -132,6 +132,6 @@ const mapAddsMax = 248
 
 // mapFull is PeerBy's error past mapAddsMax.
 func (r *Route) mapFull(name []byte) error {
-	return fmt.Errorf("%w: this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent",
+	return fmt.Errorf("%w: this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent (the next request toward that peer takes a new endpoint)",
 		errclass.ErrBlocked, r.inserts.Load(), r.Addr(name), fabric.RuntimeVersion())
 }

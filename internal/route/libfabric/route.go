@@ -481,11 +481,18 @@ func (r *Route) Blocked() error {
 	if p := r.deadPeer.Load(); p != nil {
 		peer = *p
 	}
+	fix := "close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)"
+	if r.Outgoing {
+		fix = "this manager's next request goes out on a new shm endpoint"
+	}
 	return fmt.Errorf("%w: the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
-		"and shm completes an endpoint's ops in order, so later ops would wait forever; "+
-		"close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
-		errclass.ErrBlocked, r.Provider, peer, since.Round(time.Millisecond))
+		"and shm completes an endpoint's ops in order, so later ops would wait forever; %s",
+		errclass.ErrBlocked, r.Provider, peer, since.Round(time.Millisecond), fix)
 }
+
+// Abandoned reports whether ops to a peer that died are in flight on the
+// endpoint (see Blocked), which later ops may wait behind.
+func (r *Route) Abandoned() bool { return r.deadOps.Load() > 0 }
 
 // BlockedOrGone is Blocked for an op toward the shm endpoint name, except
 // that when that peer itself is gone the op fails as ErrPeerGone: toward a
