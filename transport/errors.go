@@ -57,8 +57,9 @@ var (
 	// not opened WithDeviceMemory.
 	ErrDeviceMemory = errors.New("device memory not supported here")
 	// ErrEndpointBlocked: an shm endpoint that can complete no more ops,
-	// because ops to a peer that died are still in flight on it (see
-	// backend.blocked).
+	// because ops to a peer that died are still in flight on it
+	// (libfabric.Route.Blocked). On libfabric 2.x the manager's next
+	// request goes out on a new shm endpoint.
 	ErrEndpointBlocked = errclass.ErrBlocked
 	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
 	// does not return (a *progress.WedgedError); ops on it fail with it,
