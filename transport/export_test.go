@@ -23,9 +23,21 @@ func ReplaceSameNode(m *Manager) error {
 // HoldEndpoint runs, on m's first endpoint, a call that returns only when
 // release is closed: an endpoint stuck inside libfabric, as the loop sees
 // it. It returns once the call holds the endpoint.
-func HoldEndpoint(m *Manager, release <-chan struct{}) {
+func HoldEndpoint(m *Manager, release <-chan struct{}) { holdEndpoint(m.backends().all[0], release) }
+
+// HoldOpsEndpoint is HoldEndpoint on the endpoint m's own ops go out on:
+// its first, or its Outgoing shm endpoint (libfabric 2.x).
+func HoldOpsEndpoint(m *Manager, release <-chan struct{}) {
+	b := m.backends().all[0]
+	if out := m.backends().shmOut; out != nil {
+		b = out
+	}
+	holdEndpoint(b, release)
+}
+
+func holdEndpoint(b *libfabric.Route, release <-chan struct{}) {
 	held := make(chan struct{})
-	go m.backends().all[0].Do(func() {
+	go b.Do(func() {
 		close(held)
 		<-release
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/lifeline"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -135,11 +136,13 @@ type memPeers struct {
 func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
 	release := func() {}
+	var outs [][]byte // the peer's Outgoing shm endpoints (announceOut)
 	defer func() {
 		release()
 		if peer != nil {
 			m.memPeers.end(peer)
 		}
+		m.releaseIncoming(outs)
 	}()
 	attended := false
 	b := make([]byte, 64)
@@ -156,6 +159,12 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			}
 		case n == 1 && req[0] == announceWake && attended:
 			m.wakeSameNode() // no answer: the peer reads nothing on this connection
+		case n > 1 && req[0] == announceOut && attended:
+			// No answer either. Only a name of the peer's own process,
+			// as the kernel names it; a few at most.
+			if name := req[1:]; libfabric.ShmPeerPID(name) == pid && len(outs) < maxOuts {
+				outs = append(outs, append([]byte(nil), name...))
+			}
 		case string(req) == memCtlReq && peer == nil && m.linkOn:
 			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:

@@ -73,6 +73,13 @@ const (
 	// announceWake is what it writes there when an shm op begins after
 	// an idle spell (wakeOwner).
 	announceWake = 'W'
+	// announceOut, followed by an shm endpoint name, is what a peer
+	// writes on its announcing connection when its shm ops toward the
+	// owner go out on an Outgoing endpoint (libfabric 2.x): the owner
+	// frees what that endpoint's handshake took once it is gone
+	// (releaseIncoming). An owner of an earlier version refuses it, which
+	// ends the peer's wakes toward it (wakeOwner).
+	announceOut = 'N'
 	// announceReverify is what an owner writes on its peers' connections
 	// just before it ends them to be verified again (dropPeers, when it
 	// replaced its shm endpoint): it lives, and ops in flight toward it
@@ -127,6 +134,8 @@ type sameNodePeer struct {
 	// shmAt: when this manager's last shm op toward the owner began
 	// (since clockStart), for wakeOwner.
 	shmAt atomic.Int64
+	// told is the Outgoing endpoint last named to the owner (tellOut).
+	told atomic.Pointer[libfabric.Route]
 }
 
 // usesShm tells the owner, once, that this manager is about to use shm
@@ -158,6 +167,32 @@ func (p *sameNodePeer) usesShm() {
 			return
 		}
 		p.annConn = c
+	})
+}
+
+// tellOut names b, the Outgoing shm endpoint an op toward p goes out on,
+// to the owner once (announceOut): the owner then frees the slot and the
+// mapping that b's handshake takes in its map once b is gone. Sent
+// without blocking on the announcing connection; one the owner does not
+// get leaves that slot to its endpoint's life, as before.
+func (p *sameNodePeer) tellOut(b *libfabric.Route) {
+	if !b.Outgoing || p.told.Load() == b {
+		return
+	}
+	p.annMu.Lock()
+	defer p.annMu.Unlock()
+	if p.annConn == nil || p.told.Load() == b {
+		return
+	}
+	rc, err := p.annConn.SyscallConn()
+	if err != nil {
+		return
+	}
+	msg := append([]byte{announceOut}, b.EndpointName()...)
+	_ = rc.Control(func(fd uintptr) {
+		if unix.Send(int(fd), msg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL) == nil {
+			p.told.Store(b)
+		}
 	})
 }
 

@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
@@ -148,3 +150,46 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 	m.shmOutClosed.Add(1)
 	m.log.Debug().Str("endpoint", b.Address()).Msg("retired shm endpoint closed")
 }
+
+// maxOuts bounds the Outgoing endpoints a peer names on one announcing
+// connection (announceOut): one per share of names it took, at most a
+// few for a peer that stays.
+const maxOuts = 64
+
+// releaseIncoming frees, on the first shm endpoint, what the handshakes
+// of a peer's Outgoing endpoints took there (libfabric.Route.ReleaseIncoming),
+// once the peer's announcing connection ended and those endpoints are
+// gone: peers reach that endpoint, and on libfabric 2.x a peer's ops come
+// from endpoints whose names this manager never inserts itself, so
+// nothing else frees them. A peer's manager ends the connection before it
+// closes its endpoints: each is looked at again every releaseEvery, for
+// up to releaseWait, on a goroutine of its own; one still there then (the
+// peer verified this manager again, say) keeps its slot.
+func (m *Manager) releaseIncoming(names [][]byte) {
+	sn := m.backends().sameNode
+	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
+		return
+	}
+	go func() {
+		end := time.Now().Add(releaseWait)
+		for len(names) > 0 && !m.closing.Load() {
+			left := names[:0]
+			for _, name := range names {
+				if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), name) {
+					left = append(left, name)
+				}
+			}
+			names = left
+			if len(names) == 0 || time.Now().After(end) {
+				return
+			}
+			time.Sleep(releaseEvery)
+		}
+	}()
+}
+
+// releaseEvery and releaseWait: see releaseIncoming.
+const (
+	releaseEvery = 20 * time.Millisecond
+	releaseWait  = 10 * time.Second
+)

@@ -489,6 +489,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		}
 		if o.kind == route.Fabric && o.peer != nil {
 			o.peer.usesShm() // before the first shm op: it may need the owner's progress
+			o.peer.tellOut(o.b)
 		}
 		switch {
 		case o.kind == route.Memcpy:

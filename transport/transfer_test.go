@@ -740,7 +740,7 @@ func TestRequestKeepsItsDeadlineOnABusyEndpoint(t *testing.T) {
 			}
 
 			release := make(chan struct{})
-			transport.HoldEndpoint(m, release)
+			transport.HoldOpsEndpoint(m, release)
 			ctx := context.Background()
 			if !tc.managerTimeout {
 				ctx = ctxTimeout(t, 200*time.Millisecond)

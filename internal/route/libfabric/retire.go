@@ -1,10 +1,13 @@
 package libfabric
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/proc"
 )
 
 // RecyclesSlots reports whether shm may give a peer inserted on r a slot
@@ -134,4 +137,39 @@ const mapAddsMax = 248
 func (r *Route) mapFull(name []byte) error {
 	return fmt.Errorf("%w: this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent (the next request toward that peer takes a new endpoint)",
 		errclass.ErrBlocked, r.inserts.Load(), r.Addr(name), fabric.RuntimeVersion())
+}
+
+// ReleaseIncoming frees the slot of shm's map that the peer endpoint
+// name took when it reached this endpoint by itself (its handshake), and
+// unmaps its region, once that endpoint is gone: its region file is gone,
+// or its process is. shm keeps both for the endpoint's life otherwise,
+// having no address of the peer to remove: an owner would keep every past
+// peer's region mapped. shm finds the slot by name, so the name is
+// inserted and removed again; a route that RecyclesSlots sends nothing to
+// it in between. A name this route uses itself is Forget's. It gives up
+// when the endpoint stays busy past deadline. It reports false, and does
+// nothing, while the peer endpoint is still there: it may still send. Only
+// on a route that RecyclesSlots (libfabric 2.x), whose own ops never use
+// such slots; a peer's commands still queued here when it went would be
+// answered into a region no longer mapped, as after a Forget.
+func (r *Route) ReleaseIncoming(ctx context.Context, deadline time.Time, name []byte) bool {
+	if !r.recycles || r.CheckName(name) != nil || ShmPeerPID(name) == 0 {
+		return true
+	}
+	if shmRegionExists(name) {
+		if gone, _ := proc.Gone(ShmPeerPID(name)); !gone {
+			return false
+		}
+	}
+	_ = r.loop.DoBy(ctx, deadline, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.peers[string(name)] != nil {
+			return
+		}
+		if _, err := r.loop.Endpoint().Peer(name); err == nil {
+			r.loop.Endpoint().ForgetPeer(name)
+		}
+	})
+	return true
 }
