@@ -776,14 +776,7 @@ func (m *Manager) replaceRail(old *libfabric.Route) error {
 	if n := old.AbortTCP(); n > 0 {
 		m.log.Info().Int("rail", old.Rail).Int("sockets", n).Msg("rail's TCP sockets set to abort, not retransmit")
 	}
-	m.bufsMu.Lock()
-	bufs := m.registeredBufs(m.bufs)
-	m.bufsMu.Unlock()
-	closeErr := old.CloseWith(func() {
-		for _, st := range bufs {
-			st.closeMR(old.Index)
-		}
-	})
+	closeErr := m.closeWithMRs(old)
 	next := &backendSet{all: append([]*libfabric.Route(nil), cur.all...), sameNode: cur.sameNode, shmOut: cur.shmOut, indexes: cur.indexes + 1,
 		rails: append([]*libfabric.Route(nil), cur.rails...)}
 	b, err := m.open(cur.indexes, &old.Info, old.Reason, old.Role)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -34,38 +35,45 @@ func init() {
 		}
 		in := bufio.NewScanner(conn)
 		for i := 0; i < n; i++ {
-			m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+			closeOwner, err := openShmOwner(conn)
 			if err != nil {
-				return err
-			}
-			mem, err := mr.Alloc(64)
-			if err != nil {
-				return err
-			}
-			b, err := m.Register(mem, mr.ReadWrite)
-			if err != nil {
-				return err
-			}
-			h, err := b.Remote().MarshalBinary()
-			if err != nil {
-				return err
-			}
-			if _, err := fmt.Fprintln(conn, hex.EncodeToString(h)); err != nil {
 				return err
 			}
 			if !in.Scan() {
 				return in.Err()
 			}
-			if err := b.Close(); err != nil {
+			if err := closeOwner(); err != nil {
 				return err
 			}
-			if err := m.Close(); err != nil {
-				return err
-			}
-			_ = mr.Free(mem)
 		}
 		return nil
 	})
+}
+
+// openShmOwner opens an shm-only manager with a buffer of 64 bytes, and
+// prints the buffer's handle on conn; closeOwner closes them.
+func openShmOwner(conn io.Writer) (closeOwner func() error, err error) {
+	m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+	if err != nil {
+		return nil, err
+	}
+	mem, err := mr.Alloc(64)
+	if err != nil {
+		return nil, errors.Join(err, m.Close())
+	}
+	free := func() error { return errors.Join(m.Close(), mr.Free(mem)) }
+	b, err := m.Register(mem, mr.ReadWrite)
+	if err != nil {
+		return nil, errors.Join(err, free())
+	}
+	h, err := b.Remote().MarshalBinary()
+	if err == nil {
+		_, err = fmt.Fprintln(conn, hex.EncodeToString(h))
+	}
+	if err != nil {
+		return nil, errors.Join(err, b.Close(), free())
+	}
+	return func() error { return errors.Join(b.Close(), free()) }, nil
 }
 
 // TestShmOwnersInTurn: one manager meets, one after another, more shm
@@ -218,26 +226,11 @@ func init() {
 			return err
 		}
 		for i := 0; i < n; i++ {
-			m, err := transport.New(context.Background(), transport.WithProviders("shm"))
+			closeOwner, err := openShmOwner(conn)
 			if err != nil {
 				return err
 			}
-			defer m.Close()
-			mem, err := mr.Alloc(64)
-			if err != nil {
-				return err
-			}
-			b, err := m.Register(mem, mr.ReadWrite)
-			if err != nil {
-				return err
-			}
-			h, err := b.Remote().MarshalBinary()
-			if err != nil {
-				return err
-			}
-			if _, err := fmt.Fprintln(conn, hex.EncodeToString(h)); err != nil {
-				return err
-			}
+			defer func() { _ = closeOwner() }() // the child exits next
 		}
 		_, err := io.Copy(io.Discard, conn)
 		return err

@@ -123,15 +123,7 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 		return // Close closes every endpoint
 	}
 	defer m.releaseManager()
-	m.bufsMu.Lock()
-	bufs := m.registeredBufs(m.bufs)
-	m.bufsMu.Unlock()
-	err := b.CloseWith(func() {
-		for _, st := range bufs {
-			st.closeMR(b.Index)
-		}
-	})
-	if err != nil {
+	if err := m.closeWithMRs(b); err != nil {
 		m.log.Error().Err(err).Str("endpoint", b.Address()).Msg("closing a retired shm endpoint")
 		return
 	}
@@ -149,6 +141,19 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 	m.replaceMu.Unlock()
 	m.shmOutClosed.Add(1)
 	m.log.Debug().Str("endpoint", b.Address()).Msg("retired shm endpoint closed")
+}
+
+// closeWithMRs closes endpoint b after the registrations buffers made on
+// it, on its loop (MRs must close before their endpoint).
+func (m *Manager) closeWithMRs(b *libfabric.Route) error {
+	m.bufsMu.Lock()
+	bufs := m.registeredBufs(m.bufs)
+	m.bufsMu.Unlock()
+	return b.CloseWith(func() {
+		for _, st := range bufs {
+			st.closeMR(b.Index)
+		}
+	})
 }
 
 // maxOuts bounds the Outgoing endpoints a peer names on one announcing
