@@ -792,6 +792,19 @@ func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
 	return l.do(fn)
 }
 
+// DoAfterRoundBy is DoBy that, under the same hold of the endpoint, runs a
+// round of progress before fn (on a loop that is not passive): fn then
+// finds processed what peers had queued on the endpoint when it began
+// (before shm forgets a peer that left, the commands it queued).
+func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()) error {
+	return l.DoBy(ctx, deadline, func() {
+		if !l.passive {
+			l.iterate(monoNow())
+		}
+		fn()
+	})
+}
+
 // do runs fn under the drive lock, which it releases.
 func (l *Loop) do(fn func()) error {
 	defer l.wakeIfSleeping()

@@ -90,6 +90,8 @@ type Manager struct {
 	nextID      atomic.Uint64
 	// shmOutClosed counts the Outgoing shm endpoints closed (shmout.go).
 	shmOutClosed atomic.Int64
+	// releasers counts releaseIncoming's goroutines.
+	releasers atomic.Int64
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,

@@ -16,7 +16,6 @@ import (
 	"github.com/fitransfer/fitransfer/internal/lifeline"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
-	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -142,7 +141,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 		if peer != nil {
 			m.memPeers.end(peer)
 		}
-		m.releaseIncoming(outs)
+		m.releaseIncoming(outs, pid)
 	}()
 	attended := false
 	b := make([]byte, 64)
@@ -160,11 +159,10 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 		case n == 1 && req[0] == announceWake && attended:
 			m.wakeSameNode() // no answer: the peer reads nothing on this connection
 		case n > 1 && req[0] == announceOut && attended:
-			// No answer either. Only a name of the peer's own process,
-			// as the kernel names it; a few at most.
-			if name := req[1:]; libfabric.ShmPeerPID(name) == pid && len(outs) < maxOuts {
-				outs = append(outs, append([]byte(nil), name...))
-			}
+			// No answer either. Only names of the peer's own process, as
+			// the kernel names it; those that closed meanwhile are freed
+			// as a new one comes (a long-lived peer's past ones).
+			outs = m.noteOut(outs, req[1:], pid)
 		case string(req) == memCtlReq && peer == nil && m.linkOn:
 			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:

@@ -134,8 +134,14 @@ type sameNodePeer struct {
 	// shmAt: when this manager's last shm op toward the owner began
 	// (since clockStart), for wakeOwner.
 	shmAt atomic.Int64
-	// told is the Outgoing endpoint last named to the owner (tellOut).
-	told atomic.Pointer[libfabric.Route]
+	// told is 1 + the index of the last Outgoing endpoint named to the
+	// owner (tellOut): they only move on to higher ones.
+	told atomic.Int64
+	// outSent counts the names sent, outRefused the refusals of an
+	// owner of an earlier version, which gets no more (noOut); under
+	// annMu.
+	outSent, outRefused int
+	noOut               bool
 }
 
 // usesShm tells the owner, once, that this manager is about to use shm
@@ -172,16 +178,21 @@ func (p *sameNodePeer) usesShm() {
 
 // tellOut names b, the Outgoing shm endpoint an op toward p goes out on,
 // to the owner once (announceOut): the owner then frees the slot and the
-// mapping that b's handshake takes in its map once b is gone. Sent
-// without blocking on the announcing connection; one the owner does not
-// get leaves that slot to its endpoint's life, as before.
+// mapping that b's handshake takes in its map once b closed. Sent
+// without blocking on the announcing connection; a name the owner does
+// not get leaves that slot to its endpoint's life, as before. An owner
+// that refused one (of an earlier version) gets no more.
 func (p *sameNodePeer) tellOut(b *libfabric.Route) {
-	if !b.Outgoing || p.told.Load() == b {
+	if !b.Outgoing || int64(b.Index) < p.told.Load() {
 		return
 	}
 	p.annMu.Lock()
 	defer p.annMu.Unlock()
-	if p.annConn == nil || p.told.Load() == b {
+	if int64(b.Index) < p.told.Load() {
+		return
+	}
+	p.told.Store(int64(b.Index) + 1) // sent or not: a name lost costs a slot, not a try per op
+	if p.annConn == nil || p.noOut {
 		return
 	}
 	rc, err := p.annConn.SyscallConn()
@@ -191,7 +202,7 @@ func (p *sameNodePeer) tellOut(b *libfabric.Route) {
 	msg := append([]byte{announceOut}, b.EndpointName()...)
 	_ = rc.Control(func(fd uintptr) {
 		if unix.Send(int(fd), msg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL) == nil {
-			p.told.Store(b)
+			p.outSent++
 		}
 	})
 }
@@ -234,6 +245,13 @@ func (p *sameNodePeer) wakeOwner(at time.Time) {
 			}
 			if !p.proofRead && n == len(b) && string(b[:]) == proofMagic {
 				p.proofRead = true // what the owner sends on every connection
+				continue
+			}
+			if p.outRefused < p.outSent {
+				// The refusal of a name (tellOut): an owner of an
+				// earlier version, which may know wakes all the same.
+				p.outRefused++
+				p.noOut = true
 				continue
 			}
 			p.noWake = true // an answer: the owner does not know the byte

@@ -156,45 +156,77 @@ func (m *Manager) closeWithMRs(b *libfabric.Route) error {
 	})
 }
 
-// maxOuts bounds the Outgoing endpoints a peer names on one announcing
-// connection (announceOut): one per share of names it took, at most a
-// few for a peer that stays.
+// maxOuts bounds the Outgoing endpoints of a peer's that one announcing
+// connection keeps to free (announceOut): a peer names a new one per
+// share of names its ops took; those that closed meanwhile are freed as
+// it names the next.
 const maxOuts = 64
+
+// noteOut adds name, an Outgoing shm endpoint a peer (pid, as the kernel
+// names it) says its ops come from, to outs, the names its announcing
+// connection keeps, and first frees those of outs that closed.
+func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
+	sn := m.backends().sameNode
+	if sn == nil || !sn.RecyclesSlots() || !libfabric.ShmNameOf(name, pid) {
+		return outs
+	}
+	left := outs[:0]
+	for _, o := range outs {
+		if string(o) == string(name) {
+			continue
+		}
+		if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), o, pid) {
+			left = append(left, o)
+		}
+	}
+	if len(left) >= maxOuts {
+		return left
+	}
+	return append(left, append([]byte(nil), name...))
+}
 
 // releaseIncoming frees, on the first shm endpoint, what the handshakes
 // of a peer's Outgoing endpoints took there (libfabric.Route.ReleaseIncoming),
-// once the peer's announcing connection ended and those endpoints are
-// gone: peers reach that endpoint, and on libfabric 2.x a peer's ops come
-// from endpoints whose names this manager never inserts itself, so
-// nothing else frees them. A peer's manager ends the connection before it
-// closes its endpoints: each is looked at again every releaseEvery, for
-// up to releaseWait, on a goroutine of its own; one still there then (the
-// peer verified this manager again, say) keeps its slot.
-func (m *Manager) releaseIncoming(names [][]byte) {
+// once the peer's announcing connection ended and those endpoints closed:
+// peers reach that endpoint, and on libfabric 2.x a peer's ops come from
+// endpoints whose names this manager never inserts itself, so nothing
+// else frees them. A peer's manager ends the connection before it closes
+// its endpoints: each is looked at again every releaseEvery, for up to
+// releaseWait, on a goroutine of its own (maxReleasers at once; past
+// them, once); one still there then (its process was killed, or it
+// verified this manager again) keeps its slot.
+func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 	sn := m.backends().sameNode
 	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
 		return
 	}
-	go func() {
-		end := time.Now().Add(releaseWait)
-		for len(names) > 0 && !m.closing.Load() {
-			left := names[:0]
-			for _, name := range names {
-				if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), name) {
-					left = append(left, name)
-				}
+	try := func() {
+		left := names[:0]
+		for _, name := range names {
+			if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), name, pid) {
+				left = append(left, name)
 			}
-			names = left
-			if len(names) == 0 || time.Now().After(end) {
+		}
+		names = left
+	}
+	if m.releasers.Add(1) > maxReleasers {
+		m.releasers.Add(-1)
+		try()
+		return
+	}
+	go func() {
+		defer m.releasers.Add(-1)
+		for end := time.Now().Add(releaseWait); !m.closing.Load(); time.Sleep(releaseEvery) {
+			if try(); len(names) == 0 || time.Now().After(end) {
 				return
 			}
-			time.Sleep(releaseEvery)
 		}
 	}()
 }
 
-// releaseEvery and releaseWait: see releaseIncoming.
+// releaseEvery, releaseWait, maxReleasers: see releaseIncoming.
 const (
 	releaseEvery = 20 * time.Millisecond
 	releaseWait  = 10 * time.Second
+	maxReleasers = 64
 )

@@ -7,7 +7,6 @@ import (
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
-	"github.com/fitransfer/fitransfer/internal/proc"
 )
 
 // RecyclesSlots reports whether shm may give a peer inserted on r a slot
@@ -141,30 +140,31 @@ func (r *Route) mapFull(name []byte) error {
 
 // ReleaseIncoming frees the slot of shm's map that the peer endpoint
 // name took when it reached this endpoint by itself (its handshake), and
-// unmaps its region, once that endpoint is gone: its region file is gone,
-// or its process is. shm keeps both for the endpoint's life otherwise,
-// having no address of the peer to remove: an owner would keep every past
-// peer's region mapped. shm finds the slot by name, so the name is
-// inserted and removed again; a route that RecyclesSlots sends nothing to
-// it in between. A name this route uses itself is Forget's. It gives up
-// when the endpoint stays busy past deadline. It reports false, and does
-// nothing, while the peer endpoint is still there: it may still send. Only
-// on a route that RecyclesSlots (libfabric 2.x), whose own ops never use
-// such slots; a peer's commands still queued here when it went would be
-// answered into a region no longer mapped, as after a Forget.
-func (r *Route) ReleaseIncoming(ctx context.Context, deadline time.Time, name []byte) bool {
-	if !r.recycles || r.CheckName(name) != nil || ShmPeerPID(name) == 0 {
+// unmaps its region, once that endpoint closed: its region file is gone.
+// shm keeps both for the endpoint's life otherwise, having no address of
+// the peer to remove: an owner would keep every past peer's region
+// mapped. shm finds the slot by name, so the name is inserted and
+// removed again, after a round of progress that processes the commands
+// the peer queued before it closed (shm answers them by slot). A name
+// this route uses itself is Forget's. It reports false, and does
+// nothing, while the file is there: the endpoint may still send, or its
+// process was killed (the file stays), when a transfer of its through
+// shm's bounce buffers may still be under way here. It gives up when the
+// endpoint stays busy past deadline. Only for a name ShmNameOf pid
+// accepts, on a route that RecyclesSlots (libfabric 2.x): its own ops
+// never use such slots. A transfer the peer had under way when it closed
+// its endpoint is left to shm, as after a Forget.
+func (r *Route) ReleaseIncoming(ctx context.Context, deadline time.Time, name []byte, pid int) bool {
+	if !r.recycles || !ShmNameOf(name, pid) {
 		return true
 	}
 	if shmRegionExists(name) {
-		if gone, _ := proc.Gone(ShmPeerPID(name)); !gone {
-			return false
-		}
+		return false
 	}
-	_ = r.loop.DoBy(ctx, deadline, func() {
+	_ = r.loop.DoAfterRoundBy(ctx, deadline, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.peers[string(name)] != nil {
+		if r.peers[string(name)] != nil || shmRegionExists(name) {
 			return
 		}
 		if _, err := r.loop.Endpoint().Peer(name); err == nil {

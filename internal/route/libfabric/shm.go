@@ -133,6 +133,30 @@ const shmPrefix = "fi_shm://"
 // shmText is an shm endpoint name without its NUL padding.
 func shmText(name []byte) string { return strings.TrimRight(string(name), "\x00") }
 
+// ShmNameOf reports whether name is exactly the name of an shm endpoint
+// of process pid and of this user: "fi_shm://PID:UID:INDEX", decimal
+// fields, and one NUL after them, which libfabric reads the name up to.
+// For a name a peer gives of its own endpoint, which fitransfer then
+// inserts: a NUL inside it would have libfabric insert another name than
+// the one checked.
+func ShmNameOf(name []byte, pid int) bool {
+	s, ok := strings.CutSuffix(string(name), "\x00")
+	if !ok {
+		return false
+	}
+	s, ok = strings.CutPrefix(s, shmPrefix)
+	f := strings.Split(s, ":")
+	if !ok || len(f) != 3 {
+		return false
+	}
+	for _, d := range f {
+		if d == "" || len(d) > 10 || strings.Trim(d, "0123456789") != "" {
+			return false
+		}
+	}
+	return f[0] == strconv.Itoa(pid) && f[1] == strconv.Itoa(os.Geteuid())
+}
+
 // ShmPeerPID is the process id in an shm endpoint name
 // ("fi_shm://PID:UID:INDEX"), or 0.
 func ShmPeerPID(name []byte) int {

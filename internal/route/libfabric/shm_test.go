@@ -121,3 +121,30 @@ func TestShmRegionExists(t *testing.T) {
 		assert.Equal(t, tt.want, shmRegionExists([]byte(tt.name)), "%q", tt.name)
 	}
 }
+
+// TestShmNameOf: only the exact name of an shm endpoint of the given
+// process and this user, with its one NUL, is taken from a peer.
+func TestShmNameOf(t *testing.T) {
+	uid := os.Geteuid()
+	good := fmt.Sprintf("fi_shm://123:%d:4\x00", uid)
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{good, true},
+		{strings.TrimSuffix(good, "\x00"), false},                  // no NUL: libfabric would read past it
+		{good + "\x00", false},                                     // more than one
+		{strings.Replace(good, ":4\x00", ":4\x00X\x00", 1), false}, // a NUL inside: another name for libfabric
+		{fmt.Sprintf("fi_shm://124:%d:4\x00", uid), false},         // another process
+		{fmt.Sprintf("fi_shm://123:%d:4\x00", uid+1), false},       // another user
+		{fmt.Sprintf("fi_shm://123:%d\x00", uid), false},
+		{fmt.Sprintf("fi_shm://123:%d:4:5\x00", uid), false},
+		{fmt.Sprintf("fi_shm://123:%d:-4\x00", uid), false},
+		{fmt.Sprintf("fi_shm://123:%d:\x00", uid), false},
+		{fmt.Sprintf("fi_shm://123:%d:12345678901\x00", uid), false},
+		{fmt.Sprintf("shm://123:%d:4\x00", uid), false},
+		{fmt.Sprintf("fi_shm://../123:%d:4\x00", uid), false},
+	} {
+		assert.Equal(t, tc.ok, ShmNameOf([]byte(tc.name), 123), "%q", tc.name)
+	}
+}
