@@ -76,9 +76,9 @@ const (
 	// announceOut, followed by an shm endpoint name, is what a peer
 	// writes on its announcing connection when its shm ops toward the
 	// owner go out on an Outgoing endpoint (libfabric 2.x): the owner
-	// frees what that endpoint's handshake took once it is gone
-	// (releaseIncoming). An owner of an earlier version refuses it, which
-	// ends the peer's wakes toward it (wakeOwner).
+	// frees what that endpoint's handshake took once it closed
+	// (releaseIncoming). An owner of an earlier version refuses it; the
+	// peer then sends it no more (wakeOwner reads the refusal).
 	announceOut = 'N'
 	// announceReverify is what an owner writes on its peers' connections
 	// just before it ends them to be verified again (dropPeers, when it
