@@ -47,8 +47,9 @@ type Route struct {
 	// Scratch is where shm handle checks land; nil on other providers
 	// and before RegisterScratch.
 	Scratch *Scratch
-	// Retired: its endpoint is stuck inside libfabric and another took
-	// its place; nothing uses it any more.
+	// Retired: another endpoint took its place, because it is stuck
+	// inside libfabric, or (an Outgoing one, Retire) it took its share
+	// of peers or is blocked behind a dead one; no new op picks it.
 	Retired atomic.Bool
 	// Rail is its place among the manager's rails (the domains of the
 	// remote provider it stripes over); 0 on other routes.
