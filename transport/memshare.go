@@ -136,12 +136,15 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
 	release := func() {}
 	var outs [][]byte // the peer's Outgoing shm endpoints (announceOut)
+	clean := false    // its manager closed with none of their ops in flight (announceClean)
 	defer func() {
 		release()
 		if peer != nil {
 			m.memPeers.end(peer)
 		}
-		m.releaseIncoming(outs, pid)
+		if clean {
+			m.releaseIncoming(outs, pid)
+		}
 	}()
 	attended := false
 	b := make([]byte, 64)
@@ -163,6 +166,8 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			// the kernel names it; those that closed meanwhile are freed
 			// as a new one comes (a long-lived peer's past ones).
 			outs = m.noteOut(outs, req[1:], pid)
+		case n == 1 && req[0] == announceClean && attended:
+			clean = true // no answer: the peer is closing
 		case string(req) == memCtlReq && peer == nil && m.linkOn:
 			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:

@@ -80,6 +80,13 @@ const (
 	// (releaseIncoming). An owner of an earlier version refuses it; the
 	// peer then sends it no more (wakeOwner reads the refusal).
 	announceOut = 'N'
+	// announceClean is what a peer writes there as its manager closes
+	// with no op in flight on its Outgoing endpoints: the owner may free
+	// what their handshakes took once they closed (releaseIncoming). A
+	// peer killed, or closing with ops in flight, sends none: a transfer
+	// of its may still be under way at the owner, which shm answers
+	// through the peer's slot.
+	announceClean = 'C'
 	// announceReverify is what an owner writes on its peers' connections
 	// just before it ends them to be verified again (dropPeers, when it
 	// replaced its shm endpoint): it lives, and ops in flight toward it
@@ -271,6 +278,7 @@ const wakeAfter = progress.DefaultSpin / 2
 var (
 	wakeMsg     = []byte{announceWake}
 	reverifyMsg = []byte{announceReverify}
+	cleanMsg    = []byte{announceClean}
 	clockStart  = time.Now() // wakeOwner's clock: monotonic
 )
 
@@ -985,16 +993,36 @@ func (m *Manager) forgetSameNode(p *sameNodePeer) {
 	}
 }
 
-// close ends the connections to verified owners.
-func (p *peers) close() {
+// close ends the connections to verified owners, first telling each,
+// when clean, that this manager's Outgoing endpoints have no op in
+// flight (announceClean).
+func (p *peers) close(clean bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true // a verification under way ends its own (verify)
 	for _, v := range p.byID {
 		if settled(v) && v.peer != nil {
+			if clean {
+				v.peer.sayClean()
+			}
 			_ = v.peer.conn.Close()
 			v.peer.closeMem()
 		}
+	}
+}
+
+// sayClean writes announceClean on the announcing connection, without
+// blocking, when an Outgoing endpoint was named there.
+func (p *sameNodePeer) sayClean() {
+	p.annMu.Lock()
+	defer p.annMu.Unlock()
+	if p.annConn == nil || p.outSent == 0 || p.noOut {
+		return
+	}
+	if rc, err := p.annConn.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_ = unix.Send(int(fd), cleanMsg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		})
 	}
 }
 

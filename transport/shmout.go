@@ -156,6 +156,17 @@ func (m *Manager) closeWithMRs(b *libfabric.Route) error {
 	})
 }
 
+// outgoingIdle reports whether no op is in flight on m's Outgoing shm
+// endpoints (announceClean).
+func (m *Manager) outgoingIdle() bool {
+	for _, b := range m.backends().all {
+		if posted, completed := b.Activity(); b.Outgoing && posted != completed {
+			return false
+		}
+	}
+	return true
+}
+
 // maxOuts bounds the Outgoing endpoints of a peer's that one announcing
 // connection keeps to free (announceOut): a peer names a new one per
 // share of names its ops took; those that closed meanwhile are freed as
@@ -164,7 +175,10 @@ const maxOuts = 64
 
 // noteOut adds name, an Outgoing shm endpoint a peer (pid, as the kernel
 // names it) says its ops come from, to outs, the names its announcing
-// connection keeps, and first frees those of outs that closed.
+// connection keeps, and first frees those of outs that closed. While
+// the peer names endpoints its manager lives, and one of its endpoints
+// closes before its manager only once no op holds it and no peer of it
+// is in use (libfabric.Route.Retire): nothing of it is under way here.
 func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
 	sn := m.backends().sameNode
 	if sn == nil || !sn.RecyclesSlots() || !libfabric.ShmNameOf(name, pid) {
@@ -187,14 +201,16 @@ func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
 
 // releaseIncoming frees, on the first shm endpoint, what the handshakes
 // of a peer's Outgoing endpoints took there (libfabric.Route.ReleaseIncoming),
-// once the peer's announcing connection ended and those endpoints closed:
-// peers reach that endpoint, and on libfabric 2.x a peer's ops come from
-// endpoints whose names this manager never inserts itself, so nothing
-// else frees them. A peer's manager ends the connection before it closes
-// its endpoints: each is looked at again every releaseEvery, for up to
-// releaseWait, on a goroutine of its own (maxReleasers at once; past
-// them, once); one still there then (its process was killed, or it
-// verified this manager again) keeps its slot.
+// once the peer's manager closed them with no op in flight (it said so:
+// announceClean) and they closed: peers reach that endpoint, and on
+// libfabric 2.x a peer's ops come from endpoints whose names this manager
+// never inserts itself, so nothing else frees them. A peer killed, or
+// closed with ops in flight, keeps its slots here: a transfer of its
+// through shm's bounce buffers may still be under way, which shm answers
+// through the peer's slot (a freed one crashed owners in local CI). A
+// peer's manager ends the connection before it closes its endpoints:
+// each is looked at again every releaseEvery, for up to releaseWait, on a
+// goroutine of its own (maxReleasers at once; past them, once).
 func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 	sn := m.backends().sameNode
 	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
