@@ -792,13 +792,14 @@ func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
 	return l.do(fn)
 }
 
-// DoAfterRoundBy is DoBy that, under the same hold of the endpoint, runs a
-// round of progress before fn (on a loop that is not passive): fn then
-// finds processed what peers had queued on the endpoint when it began
-// (before shm forgets a peer that left, the commands it queued).
+// DoAfterRoundBy is DoBy that, under the same hold of the endpoint, runs
+// three rounds of progress before fn (on a loop that is not passive): fn
+// then finds processed what peers had queued on the endpoint when it
+// began (before shm forgets a peer that left, the commands it queued; a
+// round stops early when the provider says to try again).
 func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()) error {
 	return l.DoBy(ctx, deadline, func() {
-		if !l.passive {
+		for i := 0; i < 3 && !l.passive; i++ {
 			l.iterate(monoNow())
 		}
 		fn()

@@ -832,7 +832,7 @@ func (m *Manager) Close() error {
 		m.verifier.close()
 	}
 	m.memPeers.close()
-	m.verified.close(m.outgoingIdle())
+	m.verified.close(m.closeOutgoing(all))
 	bs := m.backends()
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing

@@ -166,6 +166,8 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			// the kernel names it; those that closed meanwhile are freed
 			// as a new one comes (a long-lived peer's past ones).
 			outs = m.noteOut(outs, req[1:], pid)
+		case n > 1 && req[0] == announceDone && attended:
+			outs = m.doneOut(outs, req[1:], pid) // no answer
 		case n == 1 && req[0] == announceClean && attended:
 			clean = true // no answer: the peer is closing
 		case string(req) == memCtlReq && peer == nil && m.linkOn:

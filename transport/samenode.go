@@ -87,6 +87,10 @@ const (
 	// of its may still be under way at the owner, which shm answers
 	// through the peer's slot.
 	announceClean = 'C'
+	// announceDone, followed by the name of an Outgoing endpoint named
+	// before, is what a peer writes there once that endpoint closed
+	// drained (closeRetired): nothing of it is under way at the owner.
+	announceDone = 'D'
 	// announceReverify is what an owner writes on its peers' connections
 	// just before it ends them to be verified again (dropPeers, when it
 	// replaced its shm endpoint): it lives, and ops in flight toward it
@@ -1013,7 +1017,11 @@ func (p *peers) close(clean bool) {
 
 // sayClean writes announceClean on the announcing connection, without
 // blocking, when an Outgoing endpoint was named there.
-func (p *sameNodePeer) sayClean() {
+func (p *sameNodePeer) sayClean() { p.sayOnAnnounce(cleanMsg) }
+
+// sayOnAnnounce writes msg on the announcing connection, without
+// blocking, when an Outgoing endpoint was named there.
+func (p *sameNodePeer) sayOnAnnounce(msg []byte) {
 	p.annMu.Lock()
 	defer p.annMu.Unlock()
 	if p.annConn == nil || p.outSent == 0 || p.noOut {
@@ -1021,8 +1029,22 @@ func (p *sameNodePeer) sayClean() {
 	}
 	if rc, err := p.annConn.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) {
-			_ = unix.Send(int(fd), cleanMsg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			_ = unix.Send(int(fd), msg, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 		})
+	}
+}
+
+// sayDone tells every verified owner named an Outgoing endpoint that b,
+// one of them, closed drained (announceDone); owners it was not named to
+// ignore it.
+func (p *peers) sayDone(b *libfabric.Route) {
+	msg := append([]byte{announceDone}, b.EndpointName()...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, v := range p.byID {
+		if settled(v) && v.peer != nil && int64(b.Index) < v.peer.told.Load() {
+			v.peer.sayOnAnnounce(msg)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -128,6 +129,7 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 		return
 	}
 	b.FreeScratch()
+	m.verified.sayDone(b) // the owners it was named to may free its slot
 	m.replaceMu.Lock()
 	cur := m.backends()
 	next := *cur
@@ -156,15 +158,29 @@ func (m *Manager) closeWithMRs(b *libfabric.Route) error {
 	})
 }
 
-// outgoingIdle reports whether no op is in flight on m's Outgoing shm
-// endpoints (announceClean).
-func (m *Manager) outgoingIdle() bool {
+// closeOutgoing closes m's Outgoing shm endpoints, as Close begins, with
+// the registrations of bufs on them, and reports whether none had an op
+// in flight when its loop stopped posting (announceClean): then nothing
+// of theirs is under way at an owner.
+func (m *Manager) closeOutgoing(bufs []*bufState) bool {
+	var busy atomic.Bool // set on a loop: one left stuck may run it later
 	for _, b := range m.backends().all {
-		if posted, completed := b.Activity(); b.Outgoing && posted != completed {
-			return false
+		if !b.Outgoing {
+			continue
+		}
+		err := b.CloseWith(func() {
+			if b.InFlight() > 0 {
+				busy.Store(true)
+			}
+			for _, st := range bufs {
+				st.closeMR(b.Index)
+			}
+		})
+		if err != nil || !b.Stopped() {
+			busy.Store(true)
 		}
 	}
-	return true
+	return !busy.Load()
 }
 
 // maxOuts bounds the Outgoing endpoints of a peer's that one announcing
@@ -175,28 +191,36 @@ const maxOuts = 64
 
 // noteOut adds name, an Outgoing shm endpoint a peer (pid, as the kernel
 // names it) says its ops come from, to outs, the names its announcing
-// connection keeps, and first frees those of outs that closed. While
-// the peer names endpoints its manager lives, and one of its endpoints
-// closes before its manager only once no op holds it and no peer of it
-// is in use (libfabric.Route.Retire): nothing of it is under way here.
+// connection keeps, once each.
 func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
 	sn := m.backends().sameNode
-	if sn == nil || !sn.RecyclesSlots() || !libfabric.ShmNameOf(name, pid) {
+	if sn == nil || !sn.RecyclesSlots() || !libfabric.ShmNameOf(name, pid) || len(outs) >= maxOuts {
 		return outs
 	}
-	left := outs[:0]
 	for _, o := range outs {
 		if string(o) == string(name) {
-			continue
-		}
-		if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), o, pid) {
-			left = append(left, o)
+			return outs
 		}
 	}
-	if len(left) >= maxOuts {
-		return left
+	return append(outs, append([]byte(nil), name...))
+}
+
+// doneOut frees what name, one of outs, took here, now that the peer
+// says that endpoint closed drained (announceDone): its manager closes
+// one before itself only once no op holds it and no peer of it is in
+// use (libfabric.Route.Retire). A name still there is kept for the end
+// of the connection.
+func (m *Manager) doneOut(outs [][]byte, name []byte, pid int) [][]byte {
+	sn := m.backends().sameNode
+	for i, o := range outs {
+		if string(o) == string(name) {
+			if sn != nil && sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), o, pid) {
+				return append(outs[:i], outs[i+1:]...)
+			}
+			return outs
+		}
 	}
-	return append(left, append([]byte(nil), name...))
+	return outs
 }
 
 // releaseIncoming frees, on the first shm endpoint, what the handshakes

@@ -28,6 +28,10 @@ func recyclesSlots(provider fabric.Backend) bool {
 	return provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() >= 2
 }
 
+// InFlight is how many chunks are posted and not completed on the
+// endpoint: on the loop's goroutine only (CloseWith's function).
+func (r *Route) InFlight() int { return r.loop.InFlight() }
+
 // MapAdds bounds from above how many names this route added to shm's
 // map since the endpoint opened: every new name it inserted, even one
 // whose insert failed, and every name Admit counted. On a route that
