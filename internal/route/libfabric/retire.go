@@ -148,16 +148,16 @@ func (r *Route) mapFull(name []byte) error {
 // shm keeps both for the endpoint's life otherwise, having no address of
 // the peer to remove: an owner would keep every past peer's region
 // mapped. shm finds the slot by name, so the name is inserted and
-// removed again, after a round of progress that processes the commands
-// the peer queued before it closed (shm answers them by slot). A name
-// this route uses itself is Forget's. It reports false, and does
-// nothing, while the file is there: the endpoint may still send, or its
-// process was killed (the file stays), when a transfer of its through
-// shm's bounce buffers may still be under way here. It gives up when the
-// endpoint stays busy past deadline. Only for a name ShmNameOf pid
+// removed again, after rounds of progress that process the commands the
+// peer queued before it closed (shm answers them by slot). A name this
+// route uses itself is Forget's. It reports false, and does nothing,
+// while the file is there: the endpoint may still send. It gives up when
+// the endpoint stays busy past deadline. Only for a name ShmNameOf pid
 // accepts, on a route that RecyclesSlots (libfabric 2.x): its own ops
-// never use such slots. A transfer the peer had under way when it closed
-// its endpoint is left to shm, as after a Forget.
+// never use such slots. The caller must know that nothing of that
+// endpoint is under way here (a transfer through shm's bounce buffers
+// is answered through the slot at every round): the peer said it closed
+// with nothing in flight.
 func (r *Route) ReleaseIncoming(ctx context.Context, deadline time.Time, name []byte, pid int) bool {
 	if !r.recycles || !ShmNameOf(name, pid) {
 		return true
