@@ -837,11 +837,7 @@ func (m *Manager) Close() error {
 	for _, b := range bs.all {
 		// On the loop goroutine, after failing its jobs and before closing
 		// the endpoint: MRs must be closed before their endpoint.
-		err := b.CloseWith(func() {
-			for _, st := range all {
-				st.closeMR(b.Index)
-			}
-		})
+		err := closeRoute(b, all, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
 		}

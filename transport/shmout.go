@@ -146,12 +146,22 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 }
 
 // closeWithMRs closes endpoint b after the registrations buffers made on
-// it, on its loop (MRs must close before their endpoint).
+// it (closeRoute).
 func (m *Manager) closeWithMRs(b *libfabric.Route) error {
 	m.bufsMu.Lock()
 	bufs := m.registeredBufs(m.bufs)
 	m.bufsMu.Unlock()
+	return closeRoute(b, bufs, nil)
+}
+
+// closeRoute closes endpoint b after the registrations of bufs on it, on
+// its loop (MRs must close before their endpoint); first there, when set,
+// it runs also.
+func closeRoute(b *libfabric.Route, bufs []*bufState, also func()) error {
 	return b.CloseWith(func() {
+		if also != nil {
+			also()
+		}
 		for _, st := range bufs {
 			st.closeMR(b.Index)
 		}
@@ -168,12 +178,9 @@ func (m *Manager) closeOutgoing(bufs []*bufState) bool {
 		if !b.Outgoing {
 			continue
 		}
-		err := b.CloseWith(func() {
+		err := closeRoute(b, bufs, func() {
 			if b.InFlight() > 0 {
 				busy.Store(true)
-			}
-			for _, st := range bufs {
-				st.closeMR(b.Index)
 			}
 		})
 		if err != nil || !b.Stopped() {
