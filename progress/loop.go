@@ -192,6 +192,9 @@ type Loop struct {
 	// (ParkWhenUnattended); attending counts them.
 	attendOnly atomic.Bool
 	attending  atomic.Int32
+	// noPeers: no peer's op ever needs this endpoint's progress
+	// (ServesNoPeers).
+	noPeers atomic.Bool
 	// peerWake: a peer's op is on its way (Wake); the next round counts
 	// as activity.
 	peerWake atomic.Bool
@@ -967,6 +970,15 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
+			if quiet && l.noPeers.Load() {
+				// Nothing of its own runs, and no peer's op needs it:
+				// the next op's waiter drives it. Spinning here took a
+				// CPU from that waiter, or from its peer, on a small
+				// machine. Ops submitted with no waiter start within
+				// this pause, as while a waiter drives.
+				l.pause(max(l.policy.MaxSleep, time.Millisecond))
+				continue
+			}
 			l.yieldIfDue(now, &yielded)
 			// A target serving a peer's stream completes nothing of its
 			// own: its remote counter tells that it is not quiet.
@@ -1588,6 +1600,14 @@ func (l *Loop) Parked() bool { return l.parked.Load() }
 // the target's progress). Endpoints whose CQ wakes on traffic park
 // regardless.
 func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
+
+// ServesNoPeers declares that no peer's op ever needs this endpoint's
+// progress (no handle names it: an endpoint only for this process's own
+// ops). Then, while nothing of its own runs, its goroutine looks every
+// max(MaxSleep, 1ms) instead of spinning after activity: each op's waiter
+// drives the endpoint itself, and a spinning goroutine beside it only
+// takes a CPU. It still parks or sleeps as before once Spin has passed.
+func (l *Loop) ServesNoPeers() { l.noPeers.Store(true) }
 
 // Wake makes the loop look now, and go on looking for its Spin as after
 // activity: a peer's op that needs this endpoint's progress is on its way.

@@ -850,7 +850,24 @@ func TestLoopRandomized(t *testing.T) {
 		seed = v
 	}
 	t.Logf("seed %d (replay with TEST_SEED=%d)", seed, seed)
-	l, f := testLoop(t, 32, true)
+	for _, noPeers := range []bool{false, true} {
+		t.Run(fmt.Sprintf("servesNoPeers=%v", noPeers), func(t *testing.T) {
+			randomizedLoop(t, seed, noPeers)
+		})
+	}
+}
+
+// randomizedLoop is TestLoopRandomized's run, over a loop that serves
+// peers or not (ServesNoPeers: its goroutine leaves quiet spells to the
+// waiters).
+func randomizedLoop(t *testing.T, seed uint64, noPeers bool) {
+	f := newFakePort()
+	l := newLoop(f, 32, BusyPollPolicy, zerolog.Nop())
+	if noPeers {
+		l.ServesNoPeers()
+	}
+	go l.run()
+	t.Cleanup(func() { l.Close(nil) })
 	f.setAuto(true, rand.New(rand.NewPCG(seed, 1)))
 	const workers, rounds = 6, 300
 	var violations atomic.Int32
@@ -913,6 +930,63 @@ func TestLoopRandomized(t *testing.T) {
 	l.drive.Unlock()
 	assert.Equal(t, 0, stale, "completions that reached a reused job")
 	assert.Equal(t, int32(0), violations.Load())
+}
+
+// TestLoopServingNoPeers: the goroutine of a loop that serves no peers
+// (ServesNoPeers), busy policy, does not spin once its waiter took its op
+// through: it looks about once a millisecond. A job submitted with nobody
+// waiting still runs, and a waiter that gives up on a slow op leaves it
+// to the goroutine, which finishes it.
+func TestLoopServingNoPeers(t *testing.T) {
+	f := newFakePort()
+	f.setAuto(true, nil)
+	l := newLoop(f, 4, BusyPollPolicy, zerolog.Nop())
+	l.ServesNoPeers()
+	go l.run()
+	defer l.Close(nil)
+	ctx := context.Background()
+	for i := 0; i < 100; i++ {
+		j := job(1, nil)
+		require.NoError(t, l.Submit(j))
+		require.NoError(t, l.Wait(ctx, j))
+	}
+	before, start := f.reaps.Load(), time.Now()
+	time.Sleep(100 * time.Millisecond) // a span to count rounds in, not a readiness wait
+	rounds, spell := f.reaps.Load()-before, time.Since(start)
+	// At most one round a millisecond, plus the round under way: a
+	// spinning goroutine runs hundreds a millisecond.
+	assert.LessOrEqual(t, rounds, int64(spell/time.Millisecond)+2, "rounds in %v after the last op", spell)
+
+	j := job(2, nil)
+	require.NoError(t, l.Submit(j))
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a job submitted with nobody waiting did not run")
+	}
+	assert.Equal(t, 2, j.Completed)
+
+	// A waiter that gives up (Spin without a completion) leaves the op to
+	// the goroutine.
+	g := newFakePort()
+	s := newLoop(g, 4, PollPolicy{Spin: 100 * time.Microsecond}, zerolog.Nop())
+	s.ServesNoPeers()
+	go s.run()
+	defer s.Close(nil)
+	slow := job(1, nil)
+	require.NoError(t, s.Submit(slow))
+	waited := make(chan error, 1)
+	go func() { waited <- s.Wait(ctx, slow) }()
+	require.Eventually(t, func() bool { return g.posted.Load() == 1 && s.drivers.Load() == 0 }, 10*time.Second, 100*time.Microsecond,
+		"the waiter did not leave the slow op to the goroutine")
+	g.setAuto(true, nil)
+	select {
+	case err := <-waited:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the goroutine did not finish an op its waiter left")
+	}
+	checkFinished(t, slow)
 }
 
 // TestIdleLoopBlocksInWaitObject: a loop with nothing to do, over a CQ

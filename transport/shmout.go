@@ -78,6 +78,7 @@ func (m *Manager) newShmOut(i int, from *libfabric.Route) (*libfabric.Route, err
 		return nil, err
 	}
 	b.Outgoing = true
+	b.ServesNoPeers()
 	if err := b.RegisterScratch(m.guard.mem, guardEntrySize, scratchSlots); err != nil {
 		_ = b.Close()
 		return nil, err

@@ -150,6 +150,11 @@ func (r *Route) PollIfWanted() { r.loop.PollIfWanted() }
 // peers reach only after announcing themselves.
 func (r *Route) ParkWhenUnattended() { r.loop.ParkWhenUnattended() }
 
+// ServesNoPeers tells the progress loop that no peer's op needs this
+// endpoint's progress (progress.Loop.ServesNoPeers): for an endpoint no
+// handle names.
+func (r *Route) ServesNoPeers() { r.loop.ServesNoPeers() }
+
 // Parked reports whether the progress loop waits for work without
 // polling (progress.Loop.Parked).
 func (r *Route) Parked() bool { return r.loop.Parked() }
