@@ -970,12 +970,13 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			if quiet && l.noPeers.Load() {
+			if quiet && l.noPeers.Load() && !l.passive {
+
 				// Nothing of its own runs, and no peer's op needs it:
 				// the next op's waiter drives it. Spinning here took a
 				// CPU from that waiter, or from its peer, on a small
 				// machine. Ops submitted with no waiter start within
-				// this pause, as while a waiter drives.
+				// this pause, as while a waiter drives, or at a Nudge.
 				l.pause(max(l.policy.MaxSleep, time.Millisecond))
 				continue
 			}
@@ -1607,7 +1608,14 @@ func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
 // max(MaxSleep, 1ms) instead of spinning after activity: each op's waiter
 // drives the endpoint itself, and a spinning goroutine beside it only
 // takes a CPU. It still parks or sleeps as before once Spin has passed.
+// A caller that submits a job and does other work before it waits for
+// it calls Nudge. Not for a passive loop (its goroutine hands off to its
+// callers instead).
 func (l *Loop) ServesNoPeers() { l.noPeers.Store(true) }
+
+// Nudge makes the loop's goroutine look now, not at the end of its pause:
+// for a job submitted that its submitter does not wait for at once.
+func (l *Loop) Nudge() { l.kick() }
 
 // Wake makes the loop look now, and go on looking for its Spin as after
 // activity: a peer's op that needs this endpoint's progress is on its way.

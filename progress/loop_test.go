@@ -935,8 +935,8 @@ func randomizedLoop(t *testing.T, seed uint64, noPeers bool) {
 // TestLoopServingNoPeers: the goroutine of a loop that serves no peers
 // (ServesNoPeers), busy policy, does not spin once its waiter took its op
 // through: it looks about once a millisecond. A job submitted with nobody
-// waiting still runs, and a waiter that gives up on a slow op leaves it
-// to the goroutine, which finishes it.
+// waiting still runs, at once when nudged, and a waiter that gives up on
+// a slow op leaves it to the goroutine, which finishes it.
 func TestLoopServingNoPeers(t *testing.T) {
 	f := newFakePort()
 	f.setAuto(true, nil)
@@ -966,10 +966,30 @@ func TestLoopServingNoPeers(t *testing.T) {
 	}
 	assert.Equal(t, 2, j.Completed)
 
+	// Pausing an hour between its waiters' ops (MaxSleep), it takes a
+	// job submitted with nobody waiting at a Nudge.
+	h := newFakePort()
+	h.setAuto(true, nil)
+	n := newLoop(h, 4, PollPolicy{Spin: time.Hour, MaxSleep: time.Hour}, zerolog.Nop())
+	n.ServesNoPeers()
+	go n.run()
+	defer n.Close(nil)
+	first := job(1, nil)
+	require.NoError(t, n.Submit(first))
+	require.NoError(t, n.Wait(ctx, first))
+	nudged := job(1, nil)
+	require.NoError(t, n.Submit(nudged))
+	n.Nudge()
+	select {
+	case <-nudged.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a nudged loop did not take the job")
+	}
+
 	// A waiter that gives up (Spin without a completion) leaves the op to
-	// the goroutine.
+	// the goroutine, which is not quiet then.
 	g := newFakePort()
-	s := newLoop(g, 4, PollPolicy{Spin: 100 * time.Microsecond}, zerolog.Nop())
+	s := newLoop(g, 4, PollPolicy{Spin: 50 * time.Millisecond}, zerolog.Nop())
 	s.ServesNoPeers()
 	go s.run()
 	defer s.Close(nil)
@@ -977,6 +997,8 @@ func TestLoopServingNoPeers(t *testing.T) {
 	require.NoError(t, s.Submit(slow))
 	waited := make(chan error, 1)
 	go func() { waited <- s.Wait(ctx, slow) }()
+	require.Eventually(t, func() bool { return s.drivers.Load() == 1 }, 10*time.Second, 100*time.Microsecond,
+		"the waiter did not drive")
 	require.Eventually(t, func() bool { return g.posted.Load() == 1 && s.drivers.Load() == 0 }, 10*time.Second, 100*time.Microsecond,
 		"the waiter did not leave the slow op to the goroutine")
 	g.setAuto(true, nil)

@@ -144,6 +144,19 @@ func LoopPolls(m *Manager) map[string]uint64 {
 	return out
 }
 
+// LoopPosted counts, by backend, the ops posted on m's endpoints so far
+// (progress.Loop.Activity).
+func LoopPosted(m *Manager) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, b := range m.backends().all {
+		if !b.Retired.Load() {
+			posted, _ := b.Activity()
+			out[loopKey(b)] += posted
+		}
+	}
+	return out
+}
+
 // MemoOps counts the ops that took h's remembered mem routes (memFast),
 // or -1 when h remembers none.
 func MemoOps(h RemoteBuffer) int64 {

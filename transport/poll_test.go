@@ -78,3 +78,53 @@ func TestOutgoingShmLoopLeavesItsOpsToTheirWaiters(t *testing.T) {
 	// a spinning loop runs hundreds a millisecond.
 	assert.LessOrEqual(t, rounds, uint64(spell/time.Millisecond)+34, "rounds of the outgoing shm loop in %v after the writes", spell)
 }
+
+// TestOpsOfARequestFlyTogether: an Action's shm write goes out while the
+// request still waits for its tcp write before it (toward an owner that
+// is stopped), on both libfabric versions. The request wakes the shm
+// endpoint's loop, which otherwise pauses between its waiters' ops (an
+// hour here: the poll policy's MaxSleep) and would post the write only
+// when the request's wait reached it: on 2.x the outgoing endpoint's
+// (progress.Loop.ServesNoPeers), on 1.x the passive loop, which hands
+// off to its callers.
+func TestOpsOfARequestFlyTogether(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM, testenv.RouteTCP),
+		transport.WithPollPolicy(progress.PollPolicy{Spin: time.Hour, MaxSleep: time.Hour}))
+	overTCP := testpeer.Start(t, testenv.RouteTCP)
+	overSHM := testpeer.Start(t, testenv.RouteSHM)
+	dstTCP := overTCP.Register(8, mr.ReadWrite, 1)
+	dstSHM := overSHM.Register(8, mr.ReadWrite, 2)
+	for dst, want := range map[*transport.RemoteBuffer]string{&dstTCP: testenv.RouteTCP, &dstSHM: testenv.RouteSHM} {
+		rt, err := m.Route(*dst)
+		require.NoError(t, err)
+		require.Equal(t, want, rt.Backend)
+	}
+	src := register(t, m, alloc(t, 8), mr.ReadWrite)
+	// Each owner's first op checks its handle with a read of the owner's
+	// guard entry over shm first; the entry is kept after.
+	ctx := ctxTimeout(t, 60*time.Second)
+	require.NoError(t, m.WriteFrom(ctx, dstTCP, src))
+	require.NoError(t, m.WriteFrom(ctx, dstSHM, src))
+	shmLoop := testenv.RouteSHM
+	if fabric.RuntimeVersion().Major() >= 2 {
+		shmLoop += "/outgoing"
+	}
+	before := transport.LoopPosted(m)[shmLoop]
+
+	overTCP.Stop() // its tcp write waits for it
+	defer overTCP.Continue()
+	a := m.NewAction().WriteFrom(dstTCP, src).WriteFrom(dstSHM, src)
+	done := make(chan error, 1)
+	go func() { done <- a.Submit(ctx) }()
+	require.Eventually(t, func() bool { return transport.LoopPosted(m)[shmLoop] > before }, 10*time.Second, time.Millisecond,
+		"the shm write was not posted while the request waited for its tcp write")
+	select {
+	case err := <-done:
+		t.Fatalf("the request ended with its tcp owner stopped: %v", err)
+	default:
+	}
+	overTCP.Continue()
+	require.NoError(t, <-done)
+}

@@ -186,6 +186,7 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		o.submitted = true
 	}
 	m.releaseManager()
+	nudgeLoops(ops)
 	// Same-manager and cma ops are copies, done while the others fly.
 	lim := route.Limit{Ctx: ctx}
 	if !copiesOnly(ops) {
@@ -385,6 +386,42 @@ func lockWithin(mu *sync.Mutex, t *reqTimes) error {
 // moves in one piece: those two routes look at the request's limit only
 // between pieces (route.Piece), so these never need its start or
 // deadline. (cma looks before its first chunk: a cma op needs them.)
+// nudgeLoops wakes the loops of the endpoints a request's ops went out
+// on when it does something else before it waits for them (copies, or
+// ops on another endpoint: it waits in order). Such a loop may be pausing
+// between its waiters' ops: 2.x's Outgoing shm endpoints
+// (progress.Loop.ServesNoPeers), a passive loop handing off to its
+// callers, a loop a waiter drove; an op would wait for the pause's end
+// instead of flying meanwhile. A request on one endpoint alone drives it
+// from its first wait.
+func nudgeLoops(ops []opSpec) {
+	if len(ops) < 2 {
+		return
+	}
+	var first *libfabric.Route
+	mixed := false
+	for i := range ops {
+		switch o := &ops[i]; {
+		case o.kind != route.Fabric:
+			mixed = true
+		case first == nil:
+			first = o.b
+		case o.b != first:
+			mixed = true
+		}
+	}
+	if !mixed {
+		return
+	}
+	var last *libfabric.Route
+	for i := range ops {
+		if o := &ops[i]; o.submitted && o.b != last {
+			o.b.Nudge()
+			last = o.b
+		}
+	}
+}
+
 func copiesOnly(ops []opSpec) bool {
 	for i := range ops {
 		if k := ops[i].kind; k != route.Memcpy && k != route.Mem || ops[i].remote.n > route.Piece {

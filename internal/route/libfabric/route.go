@@ -155,6 +155,9 @@ func (r *Route) ParkWhenUnattended() { r.loop.ParkWhenUnattended() }
 // handle names.
 func (r *Route) ServesNoPeers() { r.loop.ServesNoPeers() }
 
+// Nudge makes the progress loop look now (progress.Loop.Nudge).
+func (r *Route) Nudge() { r.loop.Nudge() }
+
 // Parked reports whether the progress loop waits for work without
 // polling (progress.Loop.Parked).
 func (r *Route) Parked() bool { return r.loop.Parked() }
