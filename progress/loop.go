@@ -400,6 +400,24 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	return l.waitPassive(ctx, j)
 }
 
+// Await waits for the job as Wait does, but never progresses the
+// endpoint itself: the loop's goroutine (or another driver) does. For a
+// caller that must come back even when a libfabric call on the endpoint
+// never returns (a check of an endpoint a dead peer may have left
+// spinning on a lock): such a call of another goroutine's wedges the
+// endpoint, and Await returns a *WedgedError, or a *TimeoutError with
+// Left set at the job's deadline when the call has not run WedgeAfter by
+// then; a Wait whose own call never returns never returns either.
+func (l *Loop) Await(ctx context.Context, j *Job) error {
+	select {
+	case <-j.done:
+		return nil
+	default:
+	}
+	l.kick()
+	return l.waitPassive(ctx, j)
+}
+
 // waitPassive leaves progress to the background goroutine and waits for
 // the job, ctx, the job's deadline, or a wedged endpoint.
 func (l *Loop) waitPassive(ctx context.Context, j *Job) error {

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -255,6 +257,70 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 
 	fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
 	require.NoError(t, err, "the owner registers after its initiator died mid-command")
+	other := testpeer.Start(t, testenv.RouteSHM)
+	other.Register(4096, mr.ReadWrite, 7)
+	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator")
+	assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 7)), owner.Sum(1, 0, 4096))
+	require.NoError(t, other.Transfer("read", 0, fresh))
+}
+
+// TestInitiatorKilledHoldingTheOwnersLock: on libfabric 2.x too an
+// initiator takes the owner's shm region lock, for a moment, to take
+// bounce buffers there (smr_format_sar, prov/shm/src/smr_ep.c, v2.1.0);
+// killed inside (gdb stops it in the unlock that smr_format_sar calls,
+// and kills it), it leaves the lock held for good, and every later op
+// that takes it, the owner's own included, spins inside libfabric. The
+// owner's check of its endpoint after the death must come back (it
+// lets the loop's goroutine make the call, which wedges), the owner
+// replaces the endpoint, registers, and serves another initiator. It
+// hung in the check's own post before: no answer to the registration.
+func TestInitiatorKilledHoldingTheOwnersLock(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	if fabric.RuntimeVersion().Major() < 2 {
+		t.Skip("libfabric 1.x's shm holds the region lock for a whole copy: TestInitiatorKilled")
+	}
+	gdbPath := testenv.RequireTool(t, "gdb")
+	owner := testpeer.Start(t, testenv.RouteSHM)
+	h := owner.Register(big, mr.ReadWrite, 5)
+	victim := testpeer.Start(t, testenv.RouteSHM)
+	victim.Register(big, mr.ReadWrite, 6)
+
+	// Breakpoints on the calls of pthread_spin_unlock in smr_format_sar
+	// (inlined in smr_do_sar): the lock is held there. (A breakpoint in
+	// the unlock itself, with a condition on its caller, stops the victim
+	// at every spin lock of libfabric's, and gdb evaluates too slowly.)
+	script := filepath.Join(t.TempDir(), "unlocks.py")
+	require.NoError(t, os.WriteFile(script, []byte(`import gdb
+for line in gdb.execute("disassemble smr_do_sar", to_string=True).splitlines():
+    if "call" in line and "pthread_spin_unlock" in line:
+        gdb.Breakpoint("*" + next(w for w in line.split() if w.startswith("0x")))
+`), 0o644))
+	gdb := exec.Command(gdbPath, "-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
+		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass",
+		"-x", script, "-ex", "continue", "-ex", "kill")
+	out, err := gdb.StdoutPipe()
+	require.NoError(t, err)
+	gdb.Stderr = gdb.Stdout
+	require.NoError(t, gdb.Start())
+	t.Cleanup(func() { _ = gdb.Process.Kill(); _ = gdb.Wait() })
+	defer time.AfterFunc(time.Minute, func() { _ = gdb.Process.Kill() }).Stop()
+	lines := bufio.NewScanner(out)
+	var said strings.Builder
+	for !strings.Contains(said.String(), "Breakpoint 1 at") {
+		require.True(t, lines.Scan(), "gdb set no breakpoint at pthread_spin_unlock in the victim:\n%s", said.String())
+		said.WriteString(lines.Text() + "\n")
+	}
+	victim.Loop("write", 0, h)
+	for lines.Scan() {
+		said.WriteString(lines.Text() + "\n")
+	}
+	require.NoError(t, gdb.Wait(), "%s", said.String())
+	require.Regexp(t, `Breakpoint [12], `, said.String(), "the victim never held the owner's lock in smr_format_sar:\n%s", said.String())
+	require.Contains(t, said.String(), "killed", "%s", said.String())
+	victim.Kill()
+
+	fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
+	require.NoError(t, err, "the owner registers after its initiator died holding its region lock")
 	other := testpeer.Start(t, testenv.RouteSHM)
 	other.Register(4096, mr.ReadWrite, 7)
 	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator")

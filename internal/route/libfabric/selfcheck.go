@@ -70,7 +70,20 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	if err := x.Submit(); err != nil {
 		return err
 	}
-	if err := r.Wait(ctx, x); err != nil {
+	// Not Wait: a waiter drives the endpoint itself, and on 2.x too a
+	// dead peer can leave its region lock held, on which a post or a
+	// progress call then spins for good (smr_format_sar, smr_get_txbuf,
+	// smr_release_txbuf, prov/shm/src, v2.1.0); the check must come back
+	// and report it.
+	if err := r.loop.Await(ctx, x.job); err != nil {
+		var to *progress.TimeoutError
+		if errors.As(err, &to) && to.Left {
+			// A call has held the endpoint since before the deadline:
+			// it wedges within WedgeAfter of its start, or returns.
+			if we := r.awaitWedge(ctx); we != nil {
+				return we
+			}
+		}
 		return err // a wedged loop keeps the job, and its own hold on the scratch
 	}
 	if j := x.Job(); len(j.Errs) > 0 {
@@ -84,4 +97,26 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 		return fmt.Errorf("self check: %w", j.Errs[0])
 	}
 	return nil
+}
+
+// awaitWedge waits up to the loop's WedgeAfter for a call under way to
+// wedge the endpoint, and returns that *progress.WedgedError; nil when
+// none did (the call returned, or ctx ended).
+func (r *Route) awaitWedge(ctx context.Context) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	end := time.Now().Add(r.loop.WedgeAfter())
+	for {
+		if err := r.loop.Wedged(); err != nil {
+			return err
+		}
+		if time.Now().After(end) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
