@@ -683,6 +683,11 @@ func (l *Loop) Wedged() error {
 	return nil
 }
 
+// CallStart is when the libfabric call under way on the endpoint began
+// (an opaque stamp; 0 when none is): a caller that saw one compares it
+// later to tell whether that call returned.
+func (l *Loop) CallStart() int64 { return l.inCall.Load() }
+
 // WedgeAfter is how long a libfabric call on the endpoint may run before
 // Wedged reports it.
 func (l *Loop) WedgeAfter() time.Duration { return l.wedgeAfter }
@@ -989,7 +994,6 @@ func (l *Loop) run() {
 		}
 		if idleFor < l.policy.Spin {
 			if quiet && l.noPeers.Load() && !l.passive {
-
 				// Nothing of its own runs, and no peer's op needs it:
 				// the next op's waiter drives it. Spinning here took a
 				// CPU from that waiter, or from its peer, on a small

@@ -989,7 +989,9 @@ func TestLoopServingNoPeers(t *testing.T) {
 	// A waiter that gives up (Spin without a completion) leaves the op to
 	// the goroutine, which is not quiet then.
 	g := newFakePort()
-	s := newLoop(g, 4, PollPolicy{Spin: 50 * time.Millisecond}, zerolog.Nop())
+	// Spin long enough that the check below cannot miss the waiter
+	// driving on a loaded machine.
+	s := newLoop(g, 4, PollPolicy{Spin: 2 * time.Second}, zerolog.Nop())
 	s.ServesNoPeers()
 	go s.run()
 	defer s.Close(nil)

@@ -23,7 +23,7 @@ import (
 //
 // Checks are shared: one runs at a time, and one that began after a
 // death covers it, so many peers leaving at once cost one or two checks;
-// a registration waits for the one under way (up to the policy's
+// a registration waits for the one under way (up to twice the policy's
 // WedgeAfter when it wedges). A check that fails otherwise than by
 // wedging leaves the deaths unchecked, for the next registration or
 // death to check again.

@@ -382,10 +382,6 @@ func lockWithin(mu *sync.Mutex, t *reqTimes) error {
 	return nil
 }
 
-// copiesOnly reports whether every op is a copy (same manager, mem) that
-// moves in one piece: those two routes look at the request's limit only
-// between pieces (route.Piece), so these never need its start or
-// deadline. (cma looks before its first chunk: a cma op needs them.)
 // nudgeLoops wakes the loops of the endpoints a request's ops went out
 // on when it does something else before it waits for them (copies, or
 // ops on another endpoint: it waits in order). Such a loop may be pausing
@@ -422,6 +418,10 @@ func nudgeLoops(ops []opSpec) {
 	}
 }
 
+// copiesOnly reports whether every op is a copy (same manager, mem) that
+// moves in one piece: those two routes look at the request's limit only
+// between pieces (route.Piece), so these never need its start or
+// deadline. (cma looks before its first chunk: a cma op needs them.)
 func copiesOnly(ops []opSpec) bool {
 	for i := range ops {
 		if k := ops[i].kind; k != route.Memcpy && k != route.Mem || ops[i].remote.n > route.Piece {

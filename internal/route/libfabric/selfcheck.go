@@ -77,9 +77,11 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	// and report it.
 	if err := r.loop.Await(ctx, x.job); err != nil {
 		var to *progress.TimeoutError
-		if errors.As(err, &to) && to.Left {
-			// A call has held the endpoint since before the deadline:
-			// it wedges within WedgeAfter of its start, or returns.
+		if errors.As(err, &to) && to.Left && r.stallsSilently() {
+			// A call has held the endpoint since before the deadline,
+			// which is WedgeAfter on 2.x (2 × WedgeAfter on 1.x, where
+			// the wedge comes first): it wedges within WedgeAfter of its
+			// start, or returns.
 			if we := r.awaitWedge(ctx); we != nil {
 				return we
 			}
@@ -99,10 +101,11 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	return nil
 }
 
-// awaitWedge waits up to the loop's WedgeAfter for a call under way to
+// awaitWedge waits up to the loop's WedgeAfter for the call under way to
 // wedge the endpoint, and returns that *progress.WedgedError; nil when
-// none did (the call returned, or ctx ended).
+// none did (no call was under way, it returned, or ctx ended).
 func (r *Route) awaitWedge(ctx context.Context) error {
+	call := r.loop.CallStart()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	end := time.Now().Add(r.loop.WedgeAfter())
@@ -110,7 +113,7 @@ func (r *Route) awaitWedge(ctx context.Context) error {
 		if err := r.loop.Wedged(); err != nil {
 			return err
 		}
-		if time.Now().After(end) {
+		if call == 0 || r.loop.CallStart() != call || time.Now().After(end) {
 			return nil
 		}
 		select {
