@@ -224,6 +224,18 @@ func testLoop(t *testing.T, depth int, background bool) (*Loop, *fakePort) {
 	return l, f
 }
 
+// requireRunsUnwaited submits j with nobody waiting for it and fails the
+// test with why unless the loop finishes it within 10 s.
+func requireRunsUnwaited(t *testing.T, l *Loop, j *Job, why string) {
+	t.Helper()
+	require.NoError(t, l.Submit(j))
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal(why)
+	}
+}
+
 // step is one round of progress, as a driver does it.
 func step(l *Loop) bool {
 	l.drive.Lock()
@@ -958,12 +970,7 @@ func TestLoopServingNoPeers(t *testing.T) {
 	assert.LessOrEqual(t, rounds, int64(spell/time.Millisecond)+2, "rounds in %v after the last op", spell)
 
 	j := job(2, nil)
-	require.NoError(t, l.Submit(j))
-	select {
-	case <-j.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a job submitted with nobody waiting did not run")
-	}
+	requireRunsUnwaited(t, l, j, "a job submitted with nobody waiting did not run")
 	assert.Equal(t, 2, j.Completed)
 
 	// Pausing an hour between its waiters' ops (MaxSleep), it takes a
@@ -1144,12 +1151,7 @@ func TestUnattendedLoopParks(t *testing.T) {
 
 	f.setAuto(true, nil)
 	j := job(2, nil)
-	require.NoError(t, l.Submit(j))
-	select {
-	case <-j.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a job submitted to a parked loop did not run")
-	}
+	requireRunsUnwaited(t, l, j, "a job submitted to a parked loop did not run")
 	assert.Equal(t, 2, j.Completed)
 	require.NoError(t, l.Close(nil))
 }
@@ -1174,12 +1176,7 @@ func TestParkedWaitCallersGetIn(t *testing.T) {
 
 	f.setAuto(true, nil)
 	j := job(2, nil)
-	require.NoError(t, l.Submit(j))
-	select {
-	case <-j.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a job submitted to a parked loop did not run")
-	}
+	requireRunsUnwaited(t, l, j, "a job submitted to a parked loop did not run")
 	require.Eventually(t, parked, 10*time.Second, time.Millisecond)
 
 	closed := make(chan error, 1)

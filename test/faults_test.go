@@ -226,40 +226,56 @@ func TestInitiatorKilledMidCommand(t *testing.T) {
 	victim := testpeer.Start(t, testenv.RouteSHM)
 	victim.Register(big, mr.ReadWrite, 6)
 	const fill = "smr_do_sar or smr_do_iov"
+	killAtBreakpoint(t, gdbPath, victim, h, fill, "-ex", "break smr_do_sar", "-ex", "break smr_do_iov")
+	requireOwnerServesAgain(t, owner, "after its initiator died mid-command")
+}
 
-	gdb := exec.Command(gdbPath, "-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
+// killAtBreakpoint has gdb attach to victim with the breakpoints that
+// args set, lets victim write to h in a loop, and kills it at the first
+// breakpoint it reaches (where names them, for the messages); then it
+// reaps the victim, which removes its region.
+func killAtBreakpoint(t *testing.T, gdbPath string, victim *testpeer.Peer, h transport.RemoteBuffer, where string, args ...string) {
+	t.Helper()
+	argv := append([]string{"-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
 		// Go's own signals (preemption, children) must not end the continue.
-		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass",
-		"-ex", "break smr_do_sar", "-ex", "break smr_do_iov", "-ex", "continue", "-ex", "kill")
+		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass"}, args...)
+	const set = "breakpoints set"
+	gdb := exec.Command(gdbPath, append(argv, "-ex", "echo "+set+`\n`, "-ex", "continue", "-ex", "kill")...)
 	out, err := gdb.StdoutPipe()
 	require.NoError(t, err)
 	gdb.Stderr = gdb.Stdout
 	require.NoError(t, gdb.Start())
 	t.Cleanup(func() { _ = gdb.Process.Kill(); _ = gdb.Wait() })
-	// A victim that never reaches the breakpoint must not hang the test.
+	// A victim that never reaches a breakpoint must not hang the test.
 	defer time.AfterFunc(time.Minute, func() { _ = gdb.Process.Kill() }).Stop()
 	lines := bufio.NewScanner(out)
 	var said strings.Builder
-	for !strings.Contains(said.String(), "Breakpoint 2 at") {
-		require.True(t, lines.Scan(), "gdb set no breakpoint at %s in the victim's libfabric:\n%s", fill, said.String())
+	for !strings.Contains(said.String(), set) {
+		require.True(t, lines.Scan(), "gdb did not get to %q:\n%s", set, said.String())
 		said.WriteString(lines.Text() + "\n")
 	}
-	// gdb lets the victim go on now (continue): its writes come to the
+	require.Contains(t, said.String(), "Breakpoint 1 at", "gdb set no breakpoint at %s in the victim's libfabric:\n%s", where, said.String())
+	// gdb lets the victim go on now (continue): its writes come to a
 	// breakpoint, where gdb kills it.
 	victim.Loop("write", 0, h)
 	for lines.Scan() {
 		said.WriteString(lines.Text() + "\n")
 	}
 	require.NoError(t, gdb.Wait(), "%s", said.String())
-	require.Regexp(t, `Breakpoint [12], `, said.String(), "the victim never reached %s:\n%s", fill, said.String())
+	require.Regexp(t, `Breakpoint [0-9]+, `, said.String(), "the victim never reached %s:\n%s", where, said.String())
 	require.Contains(t, said.String(), "killed", "%s", said.String())
-	victim.Kill() // reaps it, and removes its region
+	victim.Kill()
+}
 
+// requireOwnerServesAgain checks that owner registers a new buffer and
+// that another initiator writes it and reads it over shm (after).
+func requireOwnerServesAgain(t *testing.T, owner *testpeer.Peer, after string) {
+	t.Helper()
 	fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
-	require.NoError(t, err, "the owner registers after its initiator died mid-command")
+	require.NoError(t, err, "the owner registers %s", after)
 	other := testpeer.Start(t, testenv.RouteSHM)
 	other.Register(4096, mr.ReadWrite, 7)
-	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator")
+	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator %s", after)
 	assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 7)), owner.Sum(1, 0, 4096))
 	require.NoError(t, other.Transfer("read", 0, fresh))
 }
@@ -299,37 +315,8 @@ for line in gdb.execute("disassemble smr_do_sar", to_string=True).splitlines():
     if "call" in line and "pthread_spin_unlock" in line:
         gdb.Breakpoint("*" + next(w for w in line.split() if w.startswith("0x")))
 `), 0o644))
-	gdb := exec.Command(gdbPath, "-q", "-nx", "-batch", "-p", strconv.Itoa(victim.Pid),
-		"-ex", "handle SIGURG SIGCHLD SIGPIPE SIGPROF nostop noprint pass",
-		"-x", script, "-ex", "continue", "-ex", "kill")
-	out, err := gdb.StdoutPipe()
-	require.NoError(t, err)
-	gdb.Stderr = gdb.Stdout
-	require.NoError(t, gdb.Start())
-	t.Cleanup(func() { _ = gdb.Process.Kill(); _ = gdb.Wait() })
-	defer time.AfterFunc(time.Minute, func() { _ = gdb.Process.Kill() }).Stop()
-	lines := bufio.NewScanner(out)
-	var said strings.Builder
-	for !strings.Contains(said.String(), "Breakpoint 1 at") {
-		require.True(t, lines.Scan(), "gdb set no breakpoint at pthread_spin_unlock in the victim:\n%s", said.String())
-		said.WriteString(lines.Text() + "\n")
-	}
-	victim.Loop("write", 0, h)
-	for lines.Scan() {
-		said.WriteString(lines.Text() + "\n")
-	}
-	require.NoError(t, gdb.Wait(), "%s", said.String())
-	require.Regexp(t, `Breakpoint [12], `, said.String(), "the victim never held the owner's lock in smr_format_sar:\n%s", said.String())
-	require.Contains(t, said.String(), "killed", "%s", said.String())
-	victim.Kill()
-
-	fresh, err := owner.TryRegister(4096, mr.ReadWrite, 8)
-	require.NoError(t, err, "the owner registers after its initiator died holding its region lock")
-	other := testpeer.Start(t, testenv.RouteSHM)
-	other.Register(4096, mr.ReadWrite, 7)
-	require.NoError(t, other.Transfer("write", 0, fresh), "the owner serves another initiator")
-	assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 7)), owner.Sum(1, 0, 4096))
-	require.NoError(t, other.Transfer("read", 0, fresh))
+	killAtBreakpoint(t, gdbPath, victim, h, "smr_format_sar's unlock", "-x", script)
+	requireOwnerServesAgain(t, owner, "after its initiator died holding its region lock")
 }
 
 // TestOwnerStopped: a transfer to an owner stopped by SIGSTOP completes
