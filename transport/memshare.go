@@ -163,8 +163,9 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			m.wakeSameNode() // no answer: the peer reads nothing on this connection
 		case n > 1 && req[0] == announceOut && attended:
 			// No answer either. Only names of the peer's own process, as
-			// the kernel names it; those that closed meanwhile are freed
-			// as a new one comes (a long-lived peer's past ones).
+			// the kernel names it; each is freed when the peer says it
+			// closed drained (announceDone), or as the connection ends
+			// after announceClean.
 			outs = m.noteOut(outs, req[1:], pid)
 		case n > 1 && req[0] == announceDone && attended:
 			outs = m.doneOut(outs, req[1:], pid) // no answer

@@ -149,10 +149,9 @@ type sameNodePeer struct {
 	// owner (tellOut): they only move on to higher ones.
 	told atomic.Int64
 	// outSent counts the names sent, outRefused the refusals of an
-	// owner of an earlier version, which gets no more (noOut); under
-	// annMu.
+	// owner of an earlier version, which gets no more once it refused
+	// one; under annMu.
 	outSent, outRefused int
-	noOut               bool
 }
 
 // usesShm tells the owner, once, that this manager is about to use shm
@@ -203,7 +202,7 @@ func (p *sameNodePeer) tellOut(b *libfabric.Route) {
 		return
 	}
 	p.told.Store(int64(b.Index) + 1) // sent or not: a name lost costs a slot, not a try per op
-	if p.annConn == nil || p.noOut {
+	if p.annConn == nil || p.outRefused > 0 {
 		return
 	}
 	rc, err := p.annConn.SyscallConn()
@@ -262,7 +261,6 @@ func (p *sameNodePeer) wakeOwner(at time.Time) {
 				// The refusal of a name (tellOut): an owner of an
 				// earlier version, which may know wakes all the same.
 				p.outRefused++
-				p.noOut = true
 				continue
 			}
 			p.noWake = true // an answer: the owner does not know the byte
@@ -1024,7 +1022,7 @@ func (p *sameNodePeer) sayClean() { p.sayOnAnnounce(cleanMsg) }
 func (p *sameNodePeer) sayOnAnnounce(msg []byte) {
 	p.annMu.Lock()
 	defer p.annMu.Unlock()
-	if p.annConn == nil || p.outSent == 0 || p.noOut {
+	if p.annConn == nil || p.outSent == 0 || p.outRefused > 0 {
 		return
 	}
 	if rc, err := p.annConn.SyscallConn(); err == nil {

@@ -193,8 +193,9 @@ func (m *Manager) closeOutgoing(bufs []*bufState) bool {
 
 // maxOuts bounds the Outgoing endpoints of a peer's that one announcing
 // connection keeps to free (announceOut): a peer names a new one per
-// share of names its ops took; those that closed meanwhile are freed as
-// it names the next.
+// share of names its ops took; each that closed drained is freed when
+// the peer says so (announceDone), and the rest when the connection ends
+// after the peer said clean (announceClean).
 const maxOuts = 64
 
 // noteOut adds name, an Outgoing shm endpoint a peer (pid, as the kernel
