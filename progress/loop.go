@@ -665,7 +665,7 @@ func (e *WedgedError) Is(target error) bool { return target == errclass.ErrWedge
 
 func wedgeCause(provider string) string {
 	if provider == "shm" {
-		return ": libfabric 1.x's shm spins forever on a region lock that a peer process held when it died"
+		return ": libfabric's shm spins forever on a region lock that a peer process held when it died"
 	}
 	return ""
 }

@@ -899,8 +899,9 @@ func (m *Manager) acquire() error {
 func (m *Manager) releaseManager() { m.mu.RUnlock() }
 
 // replaceSameNode retires the shm backend old, whose endpoint is stuck
-// (why): inside libfabric (libfabric 1.x's shm spins forever on a region
-// lock a peer held when it died), or serving no command (2.x's shm, whose
+// (why): inside libfabric (libfabric's shm spins forever on a region
+// lock a peer held when it died: 1.x's on every op, 2.x's on an
+// initiator's few), or serving no command (2.x's shm, whose
 // command queue a peer killed mid-post stalls), and opens a new shm
 // endpoint in its place, so that one peer's death costs this manager its
 // old shm endpoint (and on 1.x the thread stuck in it) — not its
