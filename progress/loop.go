@@ -163,6 +163,7 @@ type Loop struct {
 	drivers atomic.Int32  // goroutines driving progress in Wait
 	polled  atomic.Int64  // when Poll was last called (monoNow)
 	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
+	ran     atomic.Uint64 // rounds of the loop's goroutine (awaitRounds)
 	polls   atomic.Uint64 // Poll calls so far (Polls)
 	// posted and completed count ops (Activity): a caller watching for a
 	// link that stopped moving reads them from another goroutine.
@@ -737,8 +738,8 @@ func (l *Loop) pollAt(now int64) bool {
 // always while ops are in flight or within a millisecond of activity,
 // else at most every idlePollEvery — on an endpoint that counts peers'
 // ops (shm), where a peer's first op toward an idle endpoint still meets
-// a poll within idlePollEvery and makes it active. A round of an idle 1.x
-// shm endpoint is a hand-off to the loop's goroutine, microseconds at
+// a poll within idlePollEvery and makes it active. A round of an idle shm
+// endpoint is a hand-off to the loop's goroutine (passive), microseconds at
 // every look of a spinning caller. Endpoints without that count (tcp) are
 // polled at every call: a spinning target's polls are what lands a peer's
 // writes there without a wake-up. It reads the clock once: at a spinning
@@ -818,18 +819,58 @@ func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
 	return l.do(fn)
 }
 
-// DoAfterRoundBy is DoBy that, under the same hold of the endpoint, runs
-// three rounds of progress before fn (on a loop that is not passive): fn
-// then finds processed what peers had queued on the endpoint when it
-// began (before shm forgets a peer that left, the commands it queued; a
-// round stops early when the provider says to try again).
+// DoAfterRoundBy is DoBy after three rounds of progress: fn then finds
+// processed what peers had queued on the endpoint when it began (before
+// shm forgets a peer that left, the commands it queued; a round stops
+// early when the provider says to try again). On a loop that is not
+// passive they run under the same hold of the endpoint as fn; on a
+// passive one the loop's goroutine runs them first (awaitRounds), as its
+// callers never call libfabric to progress it. Either way the caller
+// must know that nothing new is queued meanwhile for what fn does.
 func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()) error {
+	if l.passive {
+		if err := l.awaitRounds(ctx, deadline, 3); err != nil {
+			return err
+		}
+	}
 	return l.DoBy(ctx, deadline, func() {
 		for i := 0; i < 3 && !l.passive; i++ {
 			l.iterate(monoNow())
 		}
 		fn()
 	})
+}
+
+// awaitRounds waits until the loop's goroutine ran n rounds from now,
+// kicking it, or returns the error that ends the wait: ctx's,
+// context.DeadlineExceeded past deadline (when not zero), a
+// *WedgedError, or ErrClosed.
+func (l *Loop) awaitRounds(ctx context.Context, deadline time.Time, n uint64) error {
+	want := l.ran.Load() + n
+	l.pollers.Add(1) // the goroutine signals roundDone after each round
+	defer l.pollers.Add(-1)
+	t := time.NewTimer(time.Millisecond)
+	defer t.Stop()
+	for l.ran.Load() < want {
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			return context.DeadlineExceeded
+		case l.closing.Load():
+			return ErrClosed
+		}
+		if err := l.Wedged(); err != nil {
+			return err
+		}
+		l.kick()
+		t.Reset(time.Millisecond)
+		select {
+		case <-l.roundDone:
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // do runs fn under the drive lock, which it releases.
@@ -922,6 +963,11 @@ func (l *Loop) run() {
 	yielded := monoNow()
 	quiet := true
 	spins := 0
+	// roundNow: the pause of a loop that serves no peers ended; a round
+	// follows at once. A passive loop would otherwise hand off first and
+	// wait for a kick that the pause took already (a waiter's, whose job
+	// then sat out the hand-off's pause).
+	roundNow := false
 	for {
 		if l.closing.Load() {
 			l.drive.Lock()
@@ -930,7 +976,8 @@ func (l *Loop) run() {
 			return
 		}
 		now := monoNow()
-		handOff := l.passive && quiet && l.handOff(now)
+		handOff := l.passive && quiet && !roundNow && l.handOff(now)
+		roundNow = false
 		if handOff {
 			// The callers of a passive loop wait for it (Wait, Poll): one
 			// round per kick, on the kicker's thread while it parks,
@@ -961,6 +1008,7 @@ func (l *Loop) run() {
 			l.lastActive = now // Wake: spin, the peer's op may not be here yet
 		}
 		worked := l.iterate(now)
+		l.ran.Add(1)
 		if handOff {
 			// The rounds of a passive loop's callers' Polls (Poll runs
 			// none itself): peers' ops keep it active for PollIfWanted.
@@ -993,13 +1041,15 @@ func (l *Loop) run() {
 			continue
 		}
 		if idleFor < l.policy.Spin {
-			if quiet && l.noPeers.Load() && !l.passive {
+			if quiet && l.noPeers.Load() {
 				// Nothing of its own runs, and no peer's op needs it:
-				// the next op's waiter drives it. Spinning here took a
-				// CPU from that waiter, or from its peer, on a small
-				// machine. Ops submitted with no waiter start within
-				// this pause, as while a waiter drives, or at a Nudge.
+				// the next op's waiter drives it, or kicks it (passive).
+				// Spinning here took a CPU from that waiter, or from its
+				// peer, on a small machine. Ops submitted with no waiter
+				// start within this pause, as while a waiter drives, or
+				// at a Nudge.
 				l.pause(max(l.policy.MaxSleep, time.Millisecond))
+				roundNow = true
 				continue
 			}
 			l.yieldIfDue(now, &yielded)
@@ -1631,8 +1681,8 @@ func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
 // drives the endpoint itself, and a spinning goroutine beside it only
 // takes a CPU. It still parks or sleeps as before once Spin has passed.
 // A caller that submits a job and does other work before it waits for
-// it calls Nudge. Not for a passive loop (its goroutine hands off to its
-// callers instead).
+// it calls Nudge. On a passive loop a waiter's or a poller's kick ends
+// the pause, and a round follows at once.
 func (l *Loop) ServesNoPeers() { l.noPeers.Store(true) }
 
 // Nudge makes the loop's goroutine look now, not at the end of its pause:

@@ -862,18 +862,21 @@ func TestLoopRandomized(t *testing.T) {
 		seed = v
 	}
 	t.Logf("seed %d (replay with TEST_SEED=%d)", seed, seed)
-	for _, noPeers := range []bool{false, true} {
-		t.Run(fmt.Sprintf("servesNoPeers=%v", noPeers), func(t *testing.T) {
-			randomizedLoop(t, seed, noPeers)
-		})
+	for _, passive := range []bool{false, true} {
+		for _, noPeers := range []bool{false, true} {
+			t.Run(fmt.Sprintf("passive=%v/servesNoPeers=%v", passive, noPeers), func(t *testing.T) {
+				randomizedLoop(t, seed, passive, noPeers)
+			})
+		}
 	}
 }
 
-// randomizedLoop is TestLoopRandomized's run, over a loop that serves
-// peers or not (ServesNoPeers: its goroutine leaves quiet spells to the
-// waiters).
-func randomizedLoop(t *testing.T, seed uint64, noPeers bool) {
+// randomizedLoop is TestLoopRandomized's run, over a loop that is passive
+// or not (its callers never call the endpoint) and serves peers or not
+// (ServesNoPeers: its goroutine leaves quiet spells to the waiters).
+func randomizedLoop(t *testing.T, seed uint64, passive, noPeers bool) {
 	f := newFakePort()
+	f.mayHang = passive
 	l := newLoop(f, 32, BusyPollPolicy, zerolog.Nop())
 	if noPeers {
 		l.ServesNoPeers()
@@ -1018,6 +1021,94 @@ func TestLoopServingNoPeers(t *testing.T) {
 		t.Fatal("the goroutine did not finish an op its waiter left")
 	}
 	checkFinished(t, slow)
+}
+
+// TestPassiveLoopServingNoPeers: a passive loop that serves no peers
+// (libfabric's shm: 2.x's Outgoing endpoint) pauses between its waiters'
+// ops (an hour here: MaxSleep), and a waiter's kick ends the pause with a
+// round: its job does not then sit out a hand-off's pause of the same
+// hour waiting for a second kick. With the busy policy it does not spin
+// once its waiters' ops are through.
+func TestPassiveLoopServingNoPeers(t *testing.T) {
+	f := newFakePort()
+	f.mayHang = true
+	f.setAuto(true, nil)
+	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, MaxSleep: time.Hour}, zerolog.Nop())
+	require.True(t, l.passive)
+	l.ServesNoPeers()
+	go l.run()
+	defer l.Close(nil)
+	for i := 0; i < 20; i++ {
+		// Past the hand-off's millisecond after the last Wait, so that
+		// the goroutine pauses as serving no peers: a span, not a
+		// readiness wait.
+		time.Sleep(3 * time.Millisecond)
+		j := job(1, nil)
+		require.NoError(t, l.Submit(j))
+		waited := make(chan error, 1)
+		go func() { waited <- l.Wait(context.Background(), j) }()
+		select {
+		case err := <-waited:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("op %d: its waiter's kick did not bring a round", i)
+		}
+	}
+
+	b := newFakePort()
+	b.mayHang = true
+	b.setAuto(true, nil)
+	busy := newLoop(b, 4, BusyPollPolicy, zerolog.Nop())
+	busy.ServesNoPeers()
+	go busy.run()
+	defer busy.Close(nil)
+	for i := 0; i < 100; i++ {
+		j := job(1, nil)
+		require.NoError(t, busy.Submit(j))
+		require.NoError(t, busy.Wait(context.Background(), j))
+	}
+	before, start := b.reaps.Load(), time.Now()
+	time.Sleep(100 * time.Millisecond) // a span to count rounds in, not a readiness wait
+	rounds, spell := b.reaps.Load()-before, time.Since(start)
+	// The hand-off's millisecond after the last Wait, then at most one
+	// round a millisecond, plus the round under way: a spinning
+	// goroutine runs hundreds a millisecond.
+	assert.LessOrEqual(t, rounds, int64(spell/time.Millisecond)+4, "rounds in %v after the last op", spell)
+}
+
+// TestDoAfterRoundsOnAPassiveLoop: DoAfterRoundBy on a passive loop (its
+// callers never progress the endpoint) runs fn only after three rounds
+// of the loop's goroutine from its call, parked or not, and gives up at
+// its deadline while that goroutine is inside a call that has not
+// returned, without running fn.
+func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
+	f := newFakePort()
+	f.mayHang = true
+	f.setAuto(true, nil)
+	l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, MaxSleep: time.Hour}, zerolog.Nop())
+	require.True(t, l.passive)
+	l.ParkWhenUnattended()
+	go l.run()
+	defer l.Close(nil)
+	for i := 0; i < 5; i++ {
+		before := f.reaps.Load()
+		var at int64
+		require.NoError(t, l.DoAfterRoundBy(context.Background(), time.Now().Add(10*time.Second), func() { at = f.reaps.Load() }))
+		assert.GreaterOrEqual(t, at-before, int64(3), "rounds before fn, call %d", i)
+		if i == 2 {
+			// Past Spin: the goroutine parks (MaxSleep an hour).
+			require.Eventually(t, func() bool { return l.parked.Load() }, 10*time.Second, 100*time.Microsecond)
+		}
+	}
+
+	stuck, _, gate := stuckLoop(t, true, nil)
+	defer close(gate)
+	ran := false
+	start := time.Now()
+	err := stuck.DoAfterRoundBy(context.Background(), time.Now().Add(50*time.Millisecond), func() { ran = true })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, ran)
+	assert.Less(t, time.Since(start), 5*time.Second, "the error comes at the deadline, not at the call's end")
 }
 
 // TestIdleLoopBlocksInWaitObject: a loop with nothing to do, over a CQ
