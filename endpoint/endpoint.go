@@ -146,13 +146,17 @@ func (e *Endpoint) PollEQ() *fabric.EQError {
 }
 
 // CallsMayNeverReturn reports whether a progress call on the endpoint can
-// spin forever: libfabric 1.x's shm takes a peer's region lock inside
+// spin forever: libfabric's shm takes a peer's region lock inside
 // fi_read/fi_write and fi_cq_read, and a peer that died holding it never
-// releases it (prov/shm/src/smr_rma.c and smr_progress.c, v1.17.0). Only
-// the progress loop's own goroutine should make such calls, so that a
-// caller with a deadline is never the one caught.
+// releases it — 1.x's for every copy (prov/shm/src/smr_rma.c and
+// smr_progress.c, v1.17.0), 2.x's to take and return bounce buffers in
+// the target's region (smr_format_sar, smr_get_txbuf,
+// smr_progress_resp_entry, v2.1.0), where every initiator toward that
+// target, and the target itself, then spins. Only the progress loop's own
+// goroutine should make such calls, so that a caller with a deadline is
+// never the one caught.
 func (e *Endpoint) CallsMayNeverReturn() bool {
-	return e.info.Fabric.ProvName == "shm" && fabric.RuntimeVersion().Major() < 2
+	return e.info.Fabric.ProvName == "shm"
 }
 
 // UnsafeToCloseInFlight reports whether closing the endpoint while ops are

@@ -291,6 +291,51 @@ func requireOwnerServesAgain(t *testing.T, owner *testpeer.Peer, after string) {
 // replaces the endpoint, registers, and serves another initiator. It
 // hung in the check's own post before: no answer to the registration.
 func TestInitiatorKilledHoldingTheOwnersLock(t *testing.T) {
+	gdbPath := requireLockKill(t)
+	owner := testpeer.Start(t, testenv.RouteSHM)
+	h := owner.Register(big, mr.ReadWrite, 5)
+	killHoldingTheOwnersLock(t, gdbPath, h)
+	requireOwnerServesAgain(t, owner, "after its initiator died holding its region lock")
+}
+
+// TestInitiatorKeepsItsDeadlineBehindADeadPeersLock: a third process's
+// write toward an owner whose region lock a killed initiator holds
+// (TestInitiatorKilledHoldingTheOwnersLock) takes that lock in its post
+// (smr_format_sar, v2.1.0), where it spins for good; the write still
+// ends at its deadline, with the timeout that says a libfabric call had
+// not returned, because on shm only the loop's goroutine calls
+// libfabric (endpoint.CallsMayNeverReturn). On 2.x its waiter posted
+// itself before, and spun past its deadline for good (found by hand: a
+// serve's client hung, ignoring SIGTERM, after another client of that
+// serve was killed).
+func TestInitiatorKeepsItsDeadlineBehindADeadPeersLock(t *testing.T) {
+	gdbPath := requireLockKill(t)
+	owner := testpeer.Start(t, testenv.RouteSHM)
+	h := owner.Register(big, mr.ReadWrite, 5)
+	small := owner.Register(64, mr.ReadWrite, 6)
+	third := testpeer.Start(t, testenv.RouteSHM)
+	third.Register(64, mr.ReadWrite, 7)
+	// Its handle check is kept from here on: the write below goes
+	// straight to its post.
+	require.NoError(t, third.Transfer("write", 0, small))
+	killHoldingTheOwnersLock(t, gdbPath, h)
+
+	const within = 2 * time.Second
+	start := time.Now()
+	err := third.TransferWithin("write", 0, small, within)
+	took := time.Since(start)
+	t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+	require.Error(t, err, "a write that takes the owner's region lock, which the dead initiator holds")
+	assert.Contains(t, err.Error(), "timed out")
+	assert.Contains(t, err.Error(), "inside a libfabric call that had not returned")
+	assert.Less(t, took, within+3*time.Second, "the error comes within the deadline + 3 s")
+}
+
+// requireLockKill skips on libfabric 1.x, whose shm holds the region
+// lock for a whole copy (TestInitiatorKilled), and requires shm, shm's
+// CMA off and gdb, for killHoldingTheOwnersLock; it returns gdb's path.
+func requireLockKill(t *testing.T) string {
+	t.Helper()
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	if fabric.RuntimeVersion().Major() < 2 {
 		t.Skip("libfabric 1.x's shm holds the region lock for a whole copy: TestInitiatorKilled")
@@ -299,9 +344,14 @@ func TestInitiatorKilledHoldingTheOwnersLock(t *testing.T) {
 		// With shm's CMA on the victim's writes take no bounce buffers.
 		testenv.Missing(t, fabric.ShmDisableCMA+" turns shm's CMA on: the victim never takes the owner's lock in smr_format_sar")
 	}
-	gdbPath := testenv.RequireTool(t, "gdb")
-	owner := testpeer.Start(t, testenv.RouteSHM)
-	h := owner.Register(big, mr.ReadWrite, 5)
+	return testenv.RequireTool(t, "gdb")
+}
+
+// killHoldingTheOwnersLock starts a victim over shm writing to h in a
+// loop and kills it inside smr_format_sar, holding the region lock of
+// h's owner (libfabric 2.x; requireLockKill first).
+func killHoldingTheOwnersLock(t *testing.T, gdbPath string, h transport.RemoteBuffer) {
+	t.Helper()
 	victim := testpeer.Start(t, testenv.RouteSHM)
 	victim.Register(big, mr.ReadWrite, 6)
 
@@ -316,7 +366,6 @@ for line in gdb.execute("disassemble smr_do_sar", to_string=True).splitlines():
         gdb.Breakpoint("*" + next(w for w in line.split() if w.startswith("0x")))
 `), 0o644))
 	killAtBreakpoint(t, gdbPath, victim, h, "smr_format_sar's unlock", "-x", script)
-	requireOwnerServesAgain(t, owner, "after its initiator died holding its region lock")
 }
 
 // TestOwnerStopped: a transfer to an owner stopped by SIGSTOP completes

@@ -50,7 +50,7 @@ func TestPollRoutePollsOnlyItsRoute(t *testing.T) {
 // TestOutgoingShmLoopLeavesItsOpsToTheirWaiters: on libfabric 2.x the
 // loop of the shm endpoint a manager's own ops go out on, which no peer
 // reaches, does not spin after a stream of writes even with the busy
-// policy: each write's waiter drove it, and a spinning goroutine beside
+// policy: each write's waiter kicks it, and a spinning goroutine beside
 // the waiters took a CPU on a small machine. It looks about once a
 // millisecond. On 1.x there is no such endpoint.
 func TestOutgoingShmLoopLeavesItsOpsToTheirWaiters(t *testing.T) {
@@ -85,7 +85,7 @@ func TestOutgoingShmLoopLeavesItsOpsToTheirWaiters(t *testing.T) {
 // endpoint's loop, which otherwise pauses between its waiters' ops (an
 // hour here: the poll policy's MaxSleep) and would post the write only
 // when the request's wait reached it: on 2.x the outgoing endpoint's
-// (progress.Loop.ServesNoPeers), on 1.x the passive loop, which hands
+// (progress.Loop.ServesNoPeers), on both the passive loop, which hands
 // off to its callers.
 func TestOpsOfARequestFlyTogether(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)

@@ -78,6 +78,9 @@ type request struct {
 	Seed   uint64 `json:"seed"`
 	Size   int    `json:"size"`
 	Access uint8  `json:"access"`
+	// Within bounds an "xfer" (its context's deadline); 0: the manager's
+	// timeout.
+	Within time.Duration `json:"within,omitempty"`
 }
 
 type reply struct {
@@ -178,10 +181,16 @@ func child(in io.Reader, out io.Writer) int {
 			}
 			local, _ := bufs[req.Buf].Slice(0, h.Len())
 			xfer := func() error {
-				if req.Op == "write" {
-					return m.WriteFrom(context.Background(), h, local)
+				ctx := context.Background()
+				if req.Within > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, req.Within)
+					defer cancel()
 				}
-				return m.ReadInto(context.Background(), local, h)
+				if req.Op == "write" {
+					return m.WriteFrom(ctx, h, local)
+				}
+				return m.ReadInto(ctx, local, h)
 			}
 			if req.Cmd == "xfer" {
 				err = xfer()
@@ -458,11 +467,19 @@ func (p *Peer) CloseFill(buf int, seed uint64) error {
 // buffer buf, or write buf to it; it returns the child's error, or nil.
 func (p *Peer) Transfer(op string, buf int, h transport.RemoteBuffer) error {
 	p.t.Helper()
+	return p.TransferWithin(op, buf, h, 0)
+}
+
+// TransferWithin is Transfer with a context that ends after d (0: none,
+// the child's manager's timeout applies). The child's answer is awaited
+// 60 s at most.
+func (p *Peer) TransferWithin(op string, buf int, h transport.RemoteBuffer, d time.Duration) error {
+	p.t.Helper()
 	hb, err := h.MarshalBinary()
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	b, _ := json.Marshal(request{Cmd: "xfer", Op: op, Buf: buf, Handle: hb})
+	b, _ := json.Marshal(request{Cmd: "xfer", Op: op, Buf: buf, Handle: hb, Within: d})
 	if _, err := p.in.Write(append(b, '\n')); err != nil {
 		p.t.Fatalf("test peer: %v", err)
 	}

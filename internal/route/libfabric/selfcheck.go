@@ -70,11 +70,11 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	if err := x.Submit(); err != nil {
 		return err
 	}
-	// Not Wait: a waiter drives the endpoint itself, and on 2.x too a
-	// dead peer can leave its region lock held, on which a post or a
-	// progress call then spins for good (smr_format_sar, smr_get_txbuf,
-	// smr_release_txbuf, prov/shm/src, v2.1.0); the check must come back
-	// and report it.
+	// Not Wait, which may drive the endpoint itself: a dead peer can
+	// leave its region lock held, on which a post or a progress call then
+	// spins for good (smr_format_sar, smr_get_txbuf, smr_release_txbuf,
+	// prov/shm/src, v2.1.0); the check must come back and report it. (On
+	// shm, passive, the two wait alike.)
 	if err := r.loop.Await(ctx, x.job); err != nil {
 		var to *progress.TimeoutError
 		if errors.As(err, &to) && to.Left && r.stallsSilently() {
