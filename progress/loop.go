@@ -163,7 +163,7 @@ type Loop struct {
 	drivers atomic.Int32  // goroutines driving progress in Wait
 	polled  atomic.Int64  // when Poll was last called (monoNow)
 	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
-	ran     atomic.Uint64 // rounds of the loop's goroutine (awaitRounds)
+	ran     atomic.Uint64 // rounds the loop's goroutine finished (awaitRounds)
 	polls   atomic.Uint64 // Poll calls so far (Polls)
 	// posted and completed count ops (Activity): a caller watching for a
 	// link that stopped moving reads them from another goroutine.
@@ -841,37 +841,42 @@ func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()
 	})
 }
 
-// awaitRounds waits until the loop's goroutine ran n rounds from now,
-// kicking it, or returns the error that ends the wait: ctx's,
-// context.DeadlineExceeded past deadline (when not zero), a
-// *WedgedError, or ErrClosed.
+// awaitRounds waits until the loop's goroutine ran n whole rounds from
+// now (a round under way at the call does not count), kicking it and
+// looking every awaitLook, or returns what ends the wait first: a
+// *TimeoutError with Busy set at ctx's end or past deadline (when not
+// zero), as DoBy's, a *WedgedError, or ErrClosed.
 func (l *Loop) awaitRounds(ctx context.Context, deadline time.Time, n uint64) error {
-	want := l.ran.Load() + n
-	l.pollers.Add(1) // the goroutine signals roundDone after each round
-	defer l.pollers.Add(-1)
-	t := time.NewTimer(time.Millisecond)
+	start := time.Now()
+	want := l.ran.Load() + n + 1
+	t := time.NewTimer(awaitLook)
 	defer t.Stop()
 	for l.ran.Load() < want {
+		var cause error
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			cause = ctx.Err()
 		case !deadline.IsZero() && !time.Now().Before(deadline):
-			return context.DeadlineExceeded
+			cause = context.DeadlineExceeded
 		case l.closing.Load():
 			return ErrClosed
+		}
+		if cause != nil {
+			return &TimeoutError{Provider: l.port.provider(), After: time.Since(start), Cause: cause, Busy: true}
 		}
 		if err := l.Wedged(); err != nil {
 			return err
 		}
 		l.kick()
-		t.Reset(time.Millisecond)
-		select {
-		case <-l.roundDone:
-		case <-t.C:
-		}
+		t.Reset(awaitLook)
+		<-t.C
 	}
 	return nil
 }
+
+// awaitLook is how often awaitRounds looks at the loop's rounds: it
+// waits on no signal of the loop's, which Polls share.
+const awaitLook = 50 * time.Microsecond
 
 // do runs fn under the drive lock, which it releases.
 func (l *Loop) do(fn func()) error {

@@ -914,10 +914,21 @@ func randomizedLoop(t *testing.T, seed uint64, passive, noPeers bool) {
 					cancel()
 					return
 				}
-				if err := l.Wait(ctx, j); err != nil {
+				err := l.Wait(ctx, j)
+				cancel()
+				var left *TimeoutError
+				if passive && errors.As(err, &left) && left.Left {
+					// A waiter on a passive loop gives up on the drive
+					// lock after abortWait (the loop's thread descheduled
+					// meanwhile): the job is the loop's until idle.
+					for idle.Load() == before {
+						time.Sleep(10 * time.Microsecond)
+					}
+					continue
+				}
+				if err != nil {
 					t.Errorf("worker %d round %d: wait: %v", w, i, err)
 				}
-				cancel()
 				if len(j.Errs) == 0 && j.Completed != len(j.Chunks) {
 					violations.Add(1)
 					t.Errorf("seed %d worker %d round %d: finished without error after %d of %d chunks",
@@ -1039,9 +1050,11 @@ func TestPassiveLoopServingNoPeers(t *testing.T) {
 	go l.run()
 	defer l.Close(nil)
 	for i := 0; i < 20; i++ {
-		// Past the hand-off's millisecond after the last Wait, so that
-		// the goroutine pauses as serving no peers: a span, not a
-		// readiness wait.
+		// Past the hand-off's millisecond after the last Wait, a nudge
+		// ends the hand-off's pause (an hour too), and the goroutine
+		// pauses next as serving no peers: spans, not readiness waits.
+		time.Sleep(3 * time.Millisecond)
+		l.Nudge()
 		time.Sleep(3 * time.Millisecond)
 		j := job(1, nil)
 		require.NoError(t, l.Submit(j))
@@ -1078,9 +1091,10 @@ func TestPassiveLoopServingNoPeers(t *testing.T) {
 
 // TestDoAfterRoundsOnAPassiveLoop: DoAfterRoundBy on a passive loop (its
 // callers never progress the endpoint) runs fn only after three rounds
-// of the loop's goroutine from its call, parked or not, and gives up at
-// its deadline while that goroutine is inside a call that has not
-// returned, without running fn.
+// of the loop's goroutine begun after its call — the goroutine parked
+// at the call, or inside a round then, which does not count — and
+// gives up at its deadline while the goroutine is inside a call that
+// has not returned, as DoBy does, without running fn.
 func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
 	f := newFakePort()
 	f.mayHang = true
@@ -1090,15 +1104,33 @@ func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
 	l.ParkWhenUnattended()
 	go l.run()
 	defer l.Close(nil)
-	for i := 0; i < 5; i++ {
-		before := f.reaps.Load()
+	roundsBeforeFn := func(l *Loop, f *fakePort, i int) {
+		t.Helper()
+		before := f.reaps.Load() // a reap under way at the call counted already
 		var at int64
 		require.NoError(t, l.DoAfterRoundBy(context.Background(), time.Now().Add(10*time.Second), func() { at = f.reaps.Load() }))
-		assert.GreaterOrEqual(t, at-before, int64(3), "rounds before fn, call %d", i)
-		if i == 2 {
-			// Past Spin: the goroutine parks (MaxSleep an hour).
-			require.Eventually(t, func() bool { return l.parked.Load() }, 10*time.Second, 100*time.Microsecond)
-		}
+		assert.GreaterOrEqual(t, at-before, int64(3), "rounds begun after the call, before fn (call %d)", i)
+	}
+	for i := 0; i < 3; i++ {
+		require.Eventually(t, func() bool { return l.parked.Load() }, 10*time.Second, 100*time.Microsecond,
+			"the goroutine parks past Spin")
+		roundsBeforeFn(l, f, i)
+	}
+
+	// Rounds of 20 ms, one after another: each call comes inside one.
+	s := newFakePort()
+	s.mayHang, s.slow = true, 20*time.Millisecond
+	s.setAuto(true, nil)
+	busy := newLoop(s, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
+	go busy.run()
+	defer busy.Close(nil)
+	for i := 0; i < 3; i++ {
+		roundsBeforeFn(busy, s, i)
+		// Three whole rounds from the call, each 20 ms of sleep: not
+		// what is left of the one under way and two more.
+		start := time.Now()
+		require.NoError(t, busy.awaitRounds(context.Background(), time.Time{}, 3))
+		assert.GreaterOrEqual(t, time.Since(start), 3*s.slow, "awaitRounds(3) returned before three whole rounds (call %d)", i)
 	}
 
 	stuck, _, gate := stuckLoop(t, true, nil)
@@ -1106,7 +1138,10 @@ func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
 	ran := false
 	start := time.Now()
 	err := stuck.DoAfterRoundBy(context.Background(), time.Now().Add(50*time.Millisecond), func() { ran = true })
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var to *TimeoutError
+	require.ErrorAs(t, err, &to)
+	assert.True(t, to.Busy)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.False(t, ran)
 	assert.Less(t, time.Since(start), 5*time.Second, "the error comes at the deadline, not at the call's end")
 }
