@@ -1041,14 +1041,8 @@ func TestLoopServingNoPeers(t *testing.T) {
 // hour waiting for a second kick. With the busy policy it does not spin
 // once its waiters' ops are through.
 func TestPassiveLoopServingNoPeers(t *testing.T) {
-	f := newFakePort()
-	f.mayHang = true
-	f.setAuto(true, nil)
-	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, MaxSleep: time.Hour}, zerolog.Nop())
-	require.True(t, l.passive)
-	l.ServesNoPeers()
-	go l.run()
-	defer l.Close(nil)
+	noPeers := func(l *Loop, _ *fakePort) { l.ServesNoPeers() }
+	l, _ := startPassive(t, PollPolicy{Spin: time.Hour, MaxSleep: time.Hour}, noPeers)
 	for i := 0; i < 20; i++ {
 		// Past the hand-off's millisecond after the last Wait, a nudge
 		// ends the hand-off's pause (an hour too), and the goroutine
@@ -1068,13 +1062,7 @@ func TestPassiveLoopServingNoPeers(t *testing.T) {
 		}
 	}
 
-	b := newFakePort()
-	b.mayHang = true
-	b.setAuto(true, nil)
-	busy := newLoop(b, 4, BusyPollPolicy, zerolog.Nop())
-	busy.ServesNoPeers()
-	go busy.run()
-	defer busy.Close(nil)
+	busy, b := startPassive(t, BusyPollPolicy, noPeers)
 	for i := 0; i < 100; i++ {
 		j := job(1, nil)
 		require.NoError(t, busy.Submit(j))
@@ -1096,14 +1084,8 @@ func TestPassiveLoopServingNoPeers(t *testing.T) {
 // gives up at its deadline while the goroutine is inside a call that
 // has not returned, as DoBy does, without running fn.
 func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
-	f := newFakePort()
-	f.mayHang = true
-	f.setAuto(true, nil)
-	l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, MaxSleep: time.Hour}, zerolog.Nop())
-	require.True(t, l.passive)
-	l.ParkWhenUnattended()
-	go l.run()
-	defer l.Close(nil)
+	l, f := startPassive(t, PollPolicy{Spin: time.Millisecond, MaxSleep: time.Hour},
+		func(l *Loop, _ *fakePort) { l.ParkWhenUnattended() })
 	roundsBeforeFn := func(l *Loop, f *fakePort, i int) {
 		t.Helper()
 		before := f.reaps.Load() // a reap under way at the call counted already
@@ -1118,12 +1100,7 @@ func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
 	}
 
 	// Rounds of 20 ms, one after another: each call comes inside one.
-	s := newFakePort()
-	s.mayHang, s.slow = true, 20*time.Millisecond
-	s.setAuto(true, nil)
-	busy := newLoop(s, 4, PollPolicy{Spin: time.Hour}, zerolog.Nop())
-	go busy.run()
-	defer busy.Close(nil)
+	busy, s := startPassive(t, PollPolicy{Spin: time.Hour}, func(_ *Loop, f *fakePort) { f.slow = 20 * time.Millisecond })
 	for i := 0; i < 3; i++ {
 		roundsBeforeFn(busy, s, i)
 		// Three whole rounds from the call, each 20 ms of sleep: not
@@ -1144,6 +1121,24 @@ func TestDoAfterRoundsOnAPassiveLoop(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.False(t, ran)
 	assert.Less(t, time.Since(start), 5*time.Second, "the error comes at the deadline, not at the call's end")
+}
+
+// startPassive starts a passive loop (its callers never call the port)
+// over a fake port whose ops complete at the next reap, with policy;
+// setup, when not nil, runs before the loop's goroutine starts.
+func startPassive(t *testing.T, policy PollPolicy, setup func(*Loop, *fakePort)) (*Loop, *fakePort) {
+	t.Helper()
+	f := newFakePort()
+	f.mayHang = true
+	f.setAuto(true, nil)
+	l := newLoop(f, 4, policy, zerolog.Nop())
+	require.True(t, l.passive)
+	if setup != nil {
+		setup(l, f)
+	}
+	go l.run()
+	t.Cleanup(func() { l.Close(nil) })
+	return l, f
 }
 
 // TestIdleLoopBlocksInWaitObject: a loop with nothing to do, over a CQ
