@@ -137,7 +137,11 @@ type posting struct {
 // job (it posts and reaps itself, with no hand-off to another goroutine),
 // or, when nobody waits, the loop's background goroutine — which keeps
 // progressing even when the endpoint is only a target (parked, when idle,
-// where that keeps no peer waiting: see PollPolicy).
+// where that keeps no peer waiting: see PollPolicy). On a passive loop
+// (an endpoint whose calls may never return: shm) only the background
+// goroutine posts and progresses; waiters and pollers hand off to it and
+// keep their deadlines. Do and DoBy run their function on the caller's
+// goroutine on every loop.
 type Loop struct {
 	ep     *endpoint.Endpoint // nil for a loop over a test port
 	port   port
@@ -301,7 +305,8 @@ var ErrJobBusy = errors.New("job submitted again before it settled")
 
 // Wait waits until the job finished, progressing the endpoint itself while
 // that brings completions (for up to the poll policy's Spin without any),
-// then leaving it to the background goroutine. When ctx ends first, the
+// then leaving it to the background goroutine — on a passive loop, from
+// the start: it kicks the goroutine and watches for its job, then parks. When ctx ends first, the
 // job is finished with a *TimeoutError; chunks still in flight stay
 // registered until they complete. It returns nil with the job finished,
 // or a *WedgedError when the endpoint is stuck inside libfabric: the job
@@ -657,18 +662,21 @@ type WedgedError struct {
 }
 
 func (e *WedgedError) Error() string {
-	return fmt.Sprintf("the %s endpoint is stuck inside libfabric (a progress call has not returned for %v)%s; "+
-		"close the manager and open a new one", e.Provider, e.Since.Round(time.Second), wedgeCause(e.Provider))
+	return fmt.Sprintf("the %s endpoint is stuck inside libfabric (a progress call has not returned for %v)%s",
+		e.Provider, e.Since.Round(time.Second), wedgeCause(e.Provider))
 }
 
 // Is makes errors.Is(err, transport.ErrEndpointWedged) true.
 func (e *WedgedError) Is(target error) bool { return target == errclass.ErrWedged }
 
+// wedgeCause is the cause and the way out of a wedge of provider's: a
+// transport.Manager replaces a stuck shm endpoint by itself.
 func wedgeCause(provider string) string {
 	if provider == "shm" {
-		return ": libfabric's shm spins forever on a region lock that a peer process held when it died"
+		return ": libfabric's shm spins forever on a region lock that a peer process held when it died; " +
+			"the next requests go out on a new shm endpoint, and the thread stuck in this one spins until the process exits"
 	}
-	return ""
+	return "; close the manager and open a new one"
 }
 
 // Wedged returns a *WedgedError when a libfabric call on the endpoint has
@@ -713,7 +721,9 @@ func (l *Loop) InFlight() int { return l.inflight }
 // Poll progresses the endpoint once, unless another goroutine is doing so
 // right now, and reports whether anything happened. For callers that spin
 // on memory themselves (a pingpong watching for a peer's write) and so
-// are the natural driver of progress.
+// are the natural driver of progress. On a passive loop it kicks the
+// loop's goroutine instead and blocks until its next round, for up to a
+// millisecond, and reports whether a round ran.
 func (l *Loop) Poll() bool { return l.pollAt(monoNow()) }
 
 // pollAt is Poll at now (monoNow).
@@ -825,8 +835,10 @@ func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
 // early when the provider says to try again). On a loop that is not
 // passive they run under the same hold of the endpoint as fn; on a
 // passive one the loop's goroutine runs them first (awaitRounds), as its
-// callers never call libfabric to progress it. Either way the caller
-// must know that nothing new is queued meanwhile for what fn does.
+// callers never call libfabric to progress it, and a request that ends
+// before they ran returns ctx's error or context.DeadlineExceeded,
+// wrapped, without running fn. Either way the caller must know that
+// nothing new is queued meanwhile for what fn does.
 func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()) error {
 	if l.passive {
 		if err := l.awaitRounds(ctx, deadline, 3); err != nil {
@@ -843,9 +855,10 @@ func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()
 
 // awaitRounds waits until the loop's goroutine ran n whole rounds from
 // now (a round under way at the call does not count), kicking it and
-// looking every awaitLook, or returns what ends the wait first: a
-// *TimeoutError with Busy set at ctx's end or past deadline (when not
-// zero), as DoBy's, a *WedgedError, or ErrClosed.
+// looking every awaitLook, or returns what ends the wait first: ctx's
+// error or context.DeadlineExceeded past deadline (when not zero),
+// wrapped in one that says the rounds had not run, a *WedgedError, or
+// ErrClosed.
 func (l *Loop) awaitRounds(ctx context.Context, deadline time.Time, n uint64) error {
 	start := time.Now()
 	want := l.ran.Load() + n + 1
@@ -862,7 +875,8 @@ func (l *Loop) awaitRounds(ctx context.Context, deadline time.Time, n uint64) er
 			return ErrClosed
 		}
 		if cause != nil {
-			return &TimeoutError{Provider: l.port.provider(), After: time.Since(start), Cause: cause, Busy: true}
+			return fmt.Errorf("the %s endpoint's progress goroutine had not run %d rounds after %v: %w",
+				l.port.provider(), n, time.Since(start).Round(time.Millisecond), cause)
 		}
 		if err := l.Wedged(); err != nil {
 			return err
@@ -1683,11 +1697,11 @@ func (l *Loop) ParkWhenUnattended() { l.attendOnly.Store(true) }
 // progress (no handle names it: an endpoint only for this process's own
 // ops). Then, while nothing of its own runs, its goroutine looks every
 // max(MaxSleep, 1ms) instead of spinning after activity: each op's waiter
-// drives the endpoint itself, and a spinning goroutine beside it only
-// takes a CPU. It still parks or sleeps as before once Spin has passed.
-// A caller that submits a job and does other work before it waits for
-// it calls Nudge. On a passive loop a waiter's or a poller's kick ends
-// the pause, and a round follows at once.
+// drives the endpoint itself, or kicks it (passive: a kick ends the
+// pause, and a round follows at once), and a spinning goroutine beside it
+// only takes a CPU. It still parks or sleeps as before once Spin has
+// passed. A caller that submits a job and does other work before it waits
+// for it calls Nudge.
 func (l *Loop) ServesNoPeers() { l.noPeers.Store(true) }
 
 // Nudge makes the loop's goroutine look now, not at the end of its pause:

@@ -8,7 +8,10 @@ import "time"
 // MaxSleep (and while a goroutine waits on a job and so drives progress,
 // it looks again every max(MaxSleep, 1ms)). A submission does not wake
 // it: the goroutine that waits for the job drives progress itself
-// (Loop.Wait), and a job nobody waits for starts within MaxSleep.
+// (Loop.Wait), and a job nobody waits for starts within MaxSleep. On a
+// passive loop (shm: its calls may never return) waiters never drive:
+// each kicks the loop's goroutine, which runs a round per kick while
+// they wait.
 // Endpoints whose completion queue wakes on incoming traffic (tcp) block
 // on the CQ's wait fd instead of sleeping, for at most MaxSleep.
 //

@@ -95,7 +95,7 @@ func (m *Manager) Alloc(n int, access mr.Access) (*Buffer, error) {
 // Register registers mem for RMA on every backend of the manager, with
 // the remote access given. mem must come from mr.Alloc (or mr.Adopt):
 // Go heap memory is refused with an error saying so. It stays the
-// caller's: free it only after Close. On libfabric 1.x's shm, a Register
+// caller's: free it only after Close. With libfabric's shm, a Register
 // after a same-node peer died first checks the shm endpoint that death
 // may have blocked, and takes up to the poll policy's WedgeAfter (10 s by
 // default) when it did (docs/RELIABILITY.md).
@@ -411,8 +411,8 @@ func (st *bufState) deregister() error {
 		case b.Closing():
 			err = b.AwaitStop()
 		case b.Retired.Load() && wedged != nil:
-			// Retired for good inside a call that does not return (1.x's
-			// shm spinning on a dead peer's region lock): nothing of
+			// Retired for good inside a call that does not return (shm
+			// spinning on a dead peer's region lock): nothing of
 			// that endpoint runs again, and its MR goes with the process.
 			continue
 		case b.Retired.Load():

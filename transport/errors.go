@@ -64,7 +64,11 @@ var (
 	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
 	// does not return (a *progress.WedgedError); ops on it fail with it,
 	// and Manager.Close reports it, leaving that endpoint and its memory
-	// behind rather than freeing them under the stuck call.
+	// behind rather than freeing them under the stuck call. A stuck shm
+	// endpoint is replaced, and later requests go out on a new one; but
+	// ops toward an owner endpoint whose region lock a dead process holds
+	// may wedge that one too, each wedge leaving a thread spinning. So
+	// Retryable reports false.
 	ErrEndpointWedged = errclass.ErrWedged
 )
 

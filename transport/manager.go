@@ -748,9 +748,11 @@ func peerGoneOf(err error) *progress.PeerGoneError {
 // round of it costs microseconds, and would slow every look of the
 // spinning caller). Transfers progress by themselves; Poll is
 // for code that spins on its own memory waiting for a peer's write — a
-// pingpong, a flag — and wants that spinning to drive progress too.
-// Peers' writes never come over an Outgoing shm endpoint: it is left to
-// the ops that wait on it and to its loop.
+// pingpong, a flag — and wants that spinning to drive progress too. An
+// shm backend's round is its loop goroutine's (shm's calls may never
+// return, so callers make none): Poll kicks it and blocks until that
+// round, up to a millisecond. Peers' writes never come over an Outgoing
+// shm endpoint: it is left to the ops that wait on it and to its loop.
 func (m *Manager) Poll() {
 	for _, b := range m.backends().all {
 		if !b.Retired.Load() && !b.Outgoing {
@@ -904,7 +906,7 @@ func (m *Manager) releaseManager() { m.mu.RUnlock() }
 // initiator's few), or serving no command (2.x's shm, whose
 // command queue a peer killed mid-post stalls), and opens a new shm
 // endpoint in its place, so that one peer's death costs this manager its
-// old shm endpoint (and on 1.x the thread stuck in it) — not its
+// old shm endpoint (and the thread stuck in it, if one is) — not its
 // same-node service. Buffers registered
 // before keep their other routes; peers verified before re-verify and
 // learn the new shm address. It does nothing when old is no longer the

@@ -11,8 +11,9 @@ import (
 // afterPeerDeaths checks the shm endpoint when a verified same-node peer
 // has died or left since the last check, where a dead peer can leave it
 // blocked without its own loop noticing (libfabric.Route.SelfCheckNeeded):
-// an op to itself, and a replacement when that op wedges (1.x) or is not
-// served (2.x: libfabric.ErrSelfCheckStalled). The verifier
+// an op to itself, and a replacement when that op wedges (a region lock
+// a dead peer held) or, on 2.x, is not served (a command queue it
+// stalled: libfabric.ErrSelfCheckStalled). The verifier
 // runs it when a peer's connection ends (left; the peer may be exiting,
 // or just done), and a registration before it registers (nil: the
 // pidfds of the peers still connected say who died), so that a buffer

@@ -388,8 +388,8 @@ func lockWithin(mu *sync.Mutex, t *reqTimes) error {
 // between its waiters' ops: 2.x's Outgoing shm endpoints
 // (progress.Loop.ServesNoPeers), a passive loop handing off to its
 // callers, a loop a waiter drove; an op would wait for the pause's end
-// instead of flying meanwhile. A request on one endpoint alone drives it
-// from its first wait.
+// instead of flying meanwhile. A request on one endpoint alone drives or
+// kicks it from its first wait.
 func nudgeLoops(ops []opSpec) {
 	if len(ops) < 2 {
 		return
