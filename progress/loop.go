@@ -306,11 +306,11 @@ var ErrJobBusy = errors.New("job submitted again before it settled")
 // Wait waits until the job finished, progressing the endpoint itself while
 // that brings completions (for up to the poll policy's Spin without any),
 // then leaving it to the background goroutine — on a passive loop, from
-// the start: it kicks the goroutine and watches for its job, then parks. When ctx ends first, the
-// job is finished with a *TimeoutError; chunks still in flight stay
-// registered until they complete. It returns nil with the job finished,
-// or a *WedgedError when the endpoint is stuck inside libfabric: the job
-// then stays the loop's and must not be reused.
+// the start: it kicks the goroutine and watches for its job, then parks.
+// When ctx ends first, the job is finished with a *TimeoutError; chunks
+// still in flight stay registered until they complete. It returns nil
+// with the job finished, or a *WedgedError when the endpoint is stuck
+// inside libfabric: the job then stays the loop's and must not be reused.
 func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	select {
 	case <-j.done:
