@@ -169,6 +169,9 @@ type Loop struct {
 	rounds  atomic.Uint64 // iterations so far, to within 16 (Rounds)
 	ran     atomic.Uint64 // rounds the loop's goroutine finished (awaitRounds)
 	polls   atomic.Uint64 // Poll calls so far (Polls)
+	// deferSettle: shutdown's drain settles nothing (settle); under the
+	// drive lock.
+	deferSettle bool
 	// posted and completed count ops (Activity): a caller watching for a
 	// link that stopped moving reads them from another goroutine.
 	posted, completed atomic.Uint64
@@ -1486,6 +1489,9 @@ func (l *Loop) checkDeadlines(now time.Time, mono int64) {
 
 // settle runs OnIdle once a finished job has nothing in flight.
 func (l *Loop) settle(j *Job) {
+	if l.deferSettle {
+		return // shutdown settles every job it holds once it is done with them
+	}
 	if j.finished && j.inflight == 0 && !j.idled {
 		j.idled = true
 		j.busy.Store(false)
@@ -1775,7 +1781,11 @@ func (l *Loop) shutdown() {
 	}
 	unsafeClose := l.port.unsafeToCloseInFlight()
 	if l.inflight > 0 && unsafeClose {
+		// A job settled here would go back to its submitter (OnIdle),
+		// which may reuse it, while the loop below still writes it.
+		l.deferSettle = true
 		l.drain(shutdownDrain)
+		l.deferSettle = false
 	}
 	abandon := l.inflight > 0 && unsafeClose
 	clear(l.slots)

@@ -39,8 +39,11 @@ type fakePort struct {
 	gate     chan struct{} // when set, the next post blocks until it is closed
 	blocked  chan struct{} // closed when post blocks on gate
 	mayHang  bool          // callsMayNeverReturn
-	posted   atomic.Int64
-	closed   bool
+	// unsafeClose: unsafeToCloseInFlight (1.x's tcp;ofi_rxm): shutdown
+	// drains completions first.
+	unsafeClose bool
+	posted      atomic.Int64
+	closed      bool
 	// canWait makes the port waitable: wait blocks until signal, traffic
 	// or its timeout, as a CQ's wait fd that nothing completes to.
 	canWait bool
@@ -179,7 +182,7 @@ func (f *fakePort) signal() {
 }
 
 func (f *fakePort) pollEQ() *fabric.EQError       { return nil }
-func (f *fakePort) unsafeToCloseInFlight() bool   { return false }
+func (f *fakePort) unsafeToCloseInFlight() bool   { return f.unsafeClose }
 func (f *fakePort) abandon()                      {}
 func (f *fakePort) callsMayNeverReturn() bool     { return f.mayHang }
 func (f *fakePort) close()                        { f.mu.Lock(); f.closed = true; f.mu.Unlock() }
@@ -847,6 +850,39 @@ func TestLoopCloseFailsPendingJobs(t *testing.T) {
 	assert.ErrorIs(t, j.Errs[len(j.Errs)-1], ErrClosed)
 	assert.Equal(t, int32(1), idle.Load())
 	assert.ErrorIs(t, l.Submit(job(1, nil)), ErrClosed)
+}
+
+// TestShutdownSettlesAfterItsDrain: on an endpoint unsafe to close with
+// ops in flight (1.x's tcp;ofi_rxm) shutdown reaps their completions
+// first; a job it failed whose last op completes in that drain is settled
+// once, after it, with the others. Settled in the drain, the job went back
+// to its submitter (OnIdle), which reset it for reuse while shutdown still
+// wrote it: a data race in local CI
+// (transport's TestCloseFailsTransfersWithErrClosed/tcp;ofi_rxm, 1.17).
+func TestShutdownSettlesAfterItsDrain(t *testing.T) {
+	l, f := testLoop(t, 4, false)
+	f.unsafeClose = true
+	var errs []error
+	idles := 0
+	reused := make(chan struct{})
+	j := job(1, nil)
+	j.OnIdle = func(j *Job) {
+		idles++
+		errs = append(errs, j.Errs...)
+		// The submitter's release: the job is its own again.
+		go func() { j.Reset(); close(reused) }()
+	}
+	require.NoError(t, l.Submit(j))
+	step(l)
+	require.Equal(t, 1, f.inFlight(), "the op is in flight")
+	f.setAuto(true, nil) // the drain's reap completes it
+	l.drive.Lock()
+	l.shutdown()
+	l.drive.Unlock()
+	<-reused
+	assert.Equal(t, 1, idles)
+	require.Len(t, errs, 1)
+	assert.ErrorIs(t, errs[0], ErrClosed)
 }
 
 // TestLoopRandomized runs many goroutines' jobs through one loop whose
