@@ -58,8 +58,10 @@ var (
 	ErrDeviceMemory = errors.New("device memory not supported here")
 	// ErrEndpointBlocked: an shm endpoint that can complete no more ops,
 	// because ops to a peer that died are still in flight on it
-	// (libfabric.Route.Blocked). On libfabric 2.x the manager's next
-	// request goes out on a new shm endpoint.
+	// (libfabric.Route.Blocked), or that may take no more peers. On
+	// libfabric 2.x the manager's next request goes out on a new shm
+	// endpoint, and Retryable reports true; on 1.x the manager must be
+	// closed and a new one opened, and Retryable reports false.
 	ErrEndpointBlocked = errclass.ErrBlocked
 	// ErrEndpointWedged: an endpoint stuck inside a libfabric call that
 	// does not return (a *progress.WedgedError); ops on it fail with it,
@@ -111,17 +113,18 @@ func (e *TransferError) Unwrap() []error { return e.Errs }
 // final are the errors that retrying the same request cannot cure.
 var final = []error{ErrPeerGone, ErrStaleHandle, ErrAccessDenied, ErrOutOfRange, context.Canceled,
 	ErrClosed, progress.ErrClosed, ErrBufferClosed, ErrTooSmall, ErrNoRoute, ErrForeignBuffer, ErrConflict,
-	ErrDeviceMemory, ErrEndpointBlocked, ErrBadHandle}
+	ErrDeviceMemory, ErrBadHandle}
 
 // Retryable reports whether the same request may succeed if made again:
 // err is (or holds) a timeout (ErrTimeout), or a transient provider error
 // — the provider was busy (FI_EAGAIN), or a connection to a peer that
 // still listens dropped — or a mem op whose link to a live owner ended
 // before it copied, again after its request routed it anew (nothing
-// moved; the next op dials again), and nothing
-// in it says a retry cannot help: a
-// peer gone, a stale or altered handle, access denied, out of range, a
-// canceled context, a closed manager or buffer, bad input, a blocked or
+// moved; the next op dials again), or a blocked shm endpoint that the
+// next request leaves for a new one (libfabric 2.x), and nothing in it
+// says a retry cannot help: a peer gone, a stale or altered handle,
+// access denied, out of range, a canceled context, a closed manager or
+// buffer, bad input, an endpoint blocked for the manager's life (1.x), a
 // wedged endpoint. Errors it does not know (FI_EIO, say) are not
 // retryable: retrying blindly could repeat a failure forever.
 func Retryable(err error) bool {
@@ -137,7 +140,15 @@ func Retryable(err error) bool {
 	if errors.As(err, &wedged) {
 		return false
 	}
-	return errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || transient(err) || linkEnded(err)
+	// A blocked endpoint that the next request leaves for a new one says
+	// so (errclass.ErrRouteReplaced); one that stays is final. One
+	// manager's endpoints are all of one libfabric, so one request's
+	// blocked errors are all of one kind.
+	replaced := errors.Is(err, errclass.ErrRouteReplaced)
+	if errors.Is(err, ErrEndpointBlocked) && !replaced {
+		return false
+	}
+	return replaced || errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || transient(err) || linkEnded(err)
 }
 
 // transient reports whether err or any error it wraps is a

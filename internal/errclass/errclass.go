@@ -28,6 +28,12 @@ var (
 	// ErrBlocked: an shm endpoint that can complete no more ops, because
 	// ops to a peer that died are still in flight on it.
 	ErrBlocked = errors.New("endpoint blocked")
+	// ErrRouteReplaced: wrapped beside ErrBlocked when the blocked
+	// endpoint is one that the manager's next request does not use (an
+	// Outgoing shm endpoint, libfabric 2.x): a new one takes over, so the
+	// same request made again may succeed. Its text is the fix the error
+	// gives.
+	ErrRouteReplaced = errors.New("this manager's next request goes out on a new shm endpoint")
 	// ErrBadHandle: a handle that does not decode, or names an address no
 	// provider could take.
 	ErrBadHandle = errors.New("invalid buffer handle")

@@ -136,10 +136,16 @@ func (r *Route) peerInUse() bool {
 // between its Admit and its op's insert is inserted again).
 const mapAddsMax = 248
 
-// mapFull is PeerBy's error past mapAddsMax.
+// mapFull is PeerBy's error past mapAddsMax. Past Admit's budget an
+// Outgoing route admits no new name, so the next request toward the peer
+// goes out on another endpoint (errclass.ErrRouteReplaced).
 func (r *Route) mapFull(name []byte) error {
-	return fmt.Errorf("%w: this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent (the next request toward that peer takes a new endpoint)",
-		errclass.ErrBlocked, r.inserts.Load(), r.Addr(name), fabric.RuntimeVersion())
+	what := fmt.Sprintf("this shm endpoint added %d names to libfabric's shm map, and another insert (%s) could get a slot a removed peer left, which libfabric %v follows into a region never mapped; the op was not sent",
+		r.inserts.Load(), r.Addr(name), fabric.RuntimeVersion())
+	if r.Outgoing {
+		return fmt.Errorf("%w: %s; %w", errclass.ErrBlocked, what, errclass.ErrRouteReplaced)
+	}
+	return fmt.Errorf("%w: %s; close the manager and open a new one", errclass.ErrBlocked, what)
 }
 
 // ReleaseIncoming frees the slot of shm's map that the peer endpoint

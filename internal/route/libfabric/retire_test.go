@@ -89,6 +89,12 @@ func TestMapAddsCounts(t *testing.T) {
 	p, err = r.Peer(third.EndpointName())
 	if recycles {
 		require.ErrorIs(t, err, errclass.ErrBlocked, "an insert past mapAddsMax")
+		require.NotErrorIs(t, err, errclass.ErrRouteReplaced, "a route that is not Outgoing stays the manager's")
+		r.Outgoing = true
+		_, err = r.Peer(third.EndpointName())
+		require.ErrorIs(t, err, errclass.ErrBlocked)
+		require.ErrorIs(t, err, errclass.ErrRouteReplaced, "an Outgoing route admits no new name past the budget: the next request takes another")
+		require.False(t, r.Admit(third.EndpointName(), mapAddsMax), "what the next request toward it finds (any budget up to mapAddsMax)")
 	} else {
 		require.NoError(t, err, "1.x's map has no slot to recycle")
 		p.Done()

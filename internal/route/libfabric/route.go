@@ -490,13 +490,13 @@ func (r *Route) Blocked() error {
 	if p := r.deadPeer.Load(); p != nil {
 		peer = *p
 	}
-	fix := "close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)"
+	what := fmt.Sprintf("the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
+		"and shm completes an endpoint's ops in order, so later ops would wait forever", r.Provider, peer, since.Round(time.Millisecond))
 	if r.Outgoing {
-		fix = "this manager's next request goes out on a new shm endpoint"
+		return fmt.Errorf("%w: %s; %w", errclass.ErrBlocked, what, errclass.ErrRouteReplaced)
 	}
-	return fmt.Errorf("%w: the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
-		"and shm completes an endpoint's ops in order, so later ops would wait forever; %s",
-		errclass.ErrBlocked, r.Provider, peer, since.Round(time.Millisecond), fix)
+	return fmt.Errorf("%w: %s; close the manager and open a new one (fitransfer's default same-node path, cma, keeps no such state)",
+		errclass.ErrBlocked, what)
 }
 
 // Abandoned reports whether ops to a peer that died are in flight on the

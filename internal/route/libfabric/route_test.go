@@ -236,6 +236,12 @@ func TestBlocked(t *testing.T) {
 	assert.NoError(t, r.Blocked(), "past the grace, but the loop has not had its rounds: a loaded machine's late completions are not taken for none")
 	require.Eventually(t, func() bool { return errors.Is(r.Blocked(), errclass.ErrBlocked) }, 10*time.Second, time.Millisecond,
 		"blocked once the loop has had its rounds too")
+	assert.NotErrorIs(t, r.Blocked(), errclass.ErrRouteReplaced, "the manager's first shm endpoint stays its")
+	assert.Contains(t, r.Blocked().Error(), "close the manager and open a new one")
+	r.Outgoing = true
+	assert.ErrorIs(t, r.Blocked(), errclass.ErrBlocked)
+	assert.ErrorIs(t, r.Blocked(), errclass.ErrRouteReplaced, "an Outgoing endpoint with ops to a dead peer is left for a new one (transport's holdShm)")
+	r.Outgoing = false
 	gone := append([]byte("fi_shm://999999999:0:0"), 0)
 	err := r.BlockedOrGone(progress.Read, gone)
 	assert.ErrorIs(t, err, errclass.ErrPeerGone)

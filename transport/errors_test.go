@@ -1,0 +1,43 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/progress"
+)
+
+// TestRetryable: which errors say that the same request may succeed if
+// made again. The blocked errors are built as libfabric.Route.Blocked
+// builds them (its TestBlocked checks which kind it gives).
+func TestRetryable(t *testing.T) {
+	blockedForGood := fmt.Errorf("%w: ops to a dead peer; close the manager and open a new one", errclass.ErrBlocked)
+	blockedLeft := fmt.Errorf("%w: ops to a dead peer; %w", errclass.ErrBlocked, errclass.ErrRouteReplaced)
+	failed := func(errs ...error) error {
+		return &TransferError{Op: "read", Ops: 1, Chunks: len(errs), Failed: len(errs), Errs: errs}
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"a timeout", fmt.Errorf("%w: %w", ErrTimeout, context.DeadlineExceeded), true},
+		{"a canceled context", context.Canceled, false},
+		{"a peer gone", ErrPeerGone, false},
+		{"a wedged endpoint", &progress.WedgedError{Provider: "shm", Since: 10 * time.Second}, false},
+		{"an endpoint blocked for the manager's life (1.x)", blockedForGood, false},
+		{"a blocked endpoint the next request leaves (2.x)", blockedLeft, true},
+		{"the same in a failed transfer", failed(blockedLeft), true},
+		{"and with a timeout", failed(blockedLeft, ErrTimeout), true},
+		{"but not beside a peer gone", failed(blockedLeft, ErrPeerGone), false},
+		{"an unknown error", fmt.Errorf("FI_EIO"), false},
+	} {
+		assert.Equal(t, c.want, Retryable(c.err), "%s: %v", c.name, c.err)
+	}
+}
