@@ -313,7 +313,8 @@ var ErrJobBusy = errors.New("job submitted again before it settled")
 // When ctx ends first, the job is finished with a *TimeoutError; chunks
 // still in flight stay registered until they complete. It returns nil
 // with the job finished, or a *WedgedError when the endpoint is stuck
-// inside libfabric: the job then stays the loop's and must not be reused.
+// inside libfabric: the job then stays the loop's, which ends it before
+// posting any more of it should the call return, and must not be reused.
 func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	select {
 	case <-j.done:
@@ -393,7 +394,10 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 			// Past the job's deadline too, when the lock was another's
 			// (stuck in a call, maybe): a round of this waiter's own
 			// expires the job itself, with no wall clock read here.
-			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || !drove && pastDeadline(j) {
+			// A wedge too, when the lock was another's: a waiter with no
+			// deadline under a policy that spins for ever would
+			// otherwise spin behind a call that never returns.
+			if ctx.Err() != nil || now-last > int64(l.policy.Spin) || !drove && (pastDeadline(j) || l.Wedged() != nil) {
 				break
 			}
 			l.yieldShared(now)
@@ -448,6 +452,10 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 			cause = ctx.Err()
 		case <-t.C:
 			if err := l.Wedged(); err != nil {
+				// Should the call return after all, the loop expires the
+				// job before posting any more of it: its caller has its
+				// answer, and may no longer expect its memory to be used.
+				l.leave(j, j.gen.Load(), err)
 				return err
 			}
 			if pastDeadline(j) {
@@ -460,7 +468,10 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 		}
 	}
 	gen := j.gen.Load()
-	if err := l.acquireToAbort(); err != nil {
+	if err := l.acquireToAbort(j); err != nil {
+		if errors.Is(err, errFinished) {
+			return nil
+		}
 		if errors.Is(err, errBusy) {
 			select {
 			case <-j.done: // it finished meanwhile
@@ -476,6 +487,7 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 			return &TimeoutError{Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
 				After: time.Since(j.Start), Total: len(j.Chunks), Cause: cause, Left: true}
 		}
+		l.leave(j, gen, err) // wedged: as above
 		return err
 	}
 	l.abort(j, gen, cause)
@@ -574,6 +586,10 @@ const abortWait = 50 * time.Millisecond
 // errBusy: the drive lock stayed taken by a call that is not (yet) wedged.
 var errBusy = errors.New("endpoint busy in a libfabric call")
 
+// errFinished: the job finished while its waiter waited for the drive
+// lock to abort it (Close's shutdown fails every job as it begins).
+var errFinished = errors.New("job finished")
+
 // stuckCall is how long the call holding a loop that is not passive may
 // have run before a waiter whose request ended leaves its job to the
 // loop. Rounds take microseconds, or milliseconds moving megabytes; a
@@ -583,8 +599,12 @@ const stuckCall = time.Second
 
 // acquireToAbort takes the drive lock for a waiter whose request ended,
 // giving up with errBusy when a call holds it too long (abortWait on a
-// passive loop, whose calls may never return; stuckCall elsewhere).
-func (l *Loop) acquireToAbort() error {
+// passive loop, whose calls may never return; stuckCall elsewhere), or
+// with errFinished, having taken j's done signal, when j finished
+// meanwhile: a loop that is not passive holds the lock through Close's
+// shutdown, which fails every job as it begins and then drains for up
+// to shutdownDrain.
+func (l *Loop) acquireToAbort(j *Job) error {
 	if l.passive {
 		return l.acquireWithin(abortWait)
 	}
@@ -596,6 +616,11 @@ func (l *Loop) acquireToAbort() error {
 		}
 		if at := l.inCall.Load(); at != 0 && time.Duration(monoNow()-at) > stuckCall {
 			return errBusy
+		}
+		select {
+		case <-j.done:
+			return errFinished
+		default:
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
@@ -1085,6 +1110,10 @@ func (l *Loop) run() {
 		if l.peersActive() {
 			continue
 		}
+		// A round follows an idle pause at once (roundNow): a passive
+		// loop would otherwise hand off first when a waiter's kick ended
+		// the pause, and wait for another kick that never comes.
+		roundNow = true
 		if quiet && l.mayPark() {
 			// Nothing of ours is running: no deadline to watch, no
 			// completion to wait for.
@@ -1750,6 +1779,11 @@ func (l *Loop) drain(d time.Duration) {
 // shutdown fails every unfinished job, closes the endpoint and then
 // settles every job, in flight or not. Under the drive lock.
 func (l *Loop) shutdown() {
+	// The drain's reads, beforeClose and the close are libfabric calls
+	// too: one that never returns wedges the endpoint (AwaitStop, and
+	// waiters that would abort a job, report it).
+	l.inCall.Store(monoNow())
+	defer l.inCall.Store(0)
 	seen := map[*Job]bool{}
 	var jobs []*Job
 	add := func(j *Job) {

@@ -552,9 +552,14 @@ func TestDeadlineOfABusyJob(t *testing.T) {
 // goroutine is inside a post that returns when gate is closed, posting
 // one op of a job whose OnIdle counts into idle (when not nil).
 func stuckLoop(t *testing.T, passive bool, idle *atomic.Int32) (*Loop, *fakePort, chan struct{}) {
+	return stuckLoopWith(t, passive, idle, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour})
+}
+
+// stuckLoopWith is stuckLoop under policy.
+func stuckLoopWith(t *testing.T, passive bool, idle *atomic.Int32, policy PollPolicy) (*Loop, *fakePort, chan struct{}) {
 	f := newFakePort()
 	f.mayHang = passive
-	l := newLoop(f, 4, PollPolicy{Spin: time.Hour, WedgeAfter: time.Hour}, zerolog.Nop())
+	l := newLoop(f, 4, policy, zerolog.Nop())
 	gate := make(chan struct{})
 	f.gate, f.blocked = gate, make(chan struct{})
 	go l.run()
@@ -621,6 +626,129 @@ func TestWaitersKeepTheirDeadline(t *testing.T) {
 				assert.Zero(t, l.leftJobs.Load(), "the left mark was taken")
 			})
 		}
+	}
+}
+
+// TestWedgedWaiterLeavesItsJob: a waiter that gets a *WedgedError (the
+// call it waited behind ran WedgeAfter) leaves its job to the loop:
+// should the call return after all, the loop ends the job before posting
+// any of it, since its caller has its answer and may use the memory
+// again. A waiter driving a loop that is not passive notices the wedge
+// too, with no deadline, under a policy that spins for an hour; until
+// this test it spun behind the call for as long as the call ran, and the
+// left job's four ops went out when the call returned.
+func TestWedgedWaiterLeavesItsJob(t *testing.T) {
+	for _, passive := range []bool{true, false} {
+		t.Run(fmt.Sprintf("passive=%v", passive), func(t *testing.T) {
+			var idle atomic.Int32
+			l, f, gate := stuckLoopWith(t, passive, &idle, PollPolicy{Spin: time.Hour, WedgeAfter: 200 * time.Millisecond})
+			j := job(4, &idle)
+			j.Start = time.Now() // and no deadline
+			require.NoError(t, l.Submit(j))
+			waited := make(chan error, 1)
+			go func() { waited <- l.Wait(context.Background(), j) }()
+			var err error
+			select {
+			case err = <-waited:
+			case <-time.After(30 * time.Second):
+				close(gate)
+				t.Fatal("Wait spins behind a wedged call")
+			}
+			var we *WedgedError
+			require.ErrorAs(t, err, &we)
+
+			f.setAuto(true, nil) // what is posted completes
+			close(gate)          // the call returns after all
+			require.Eventually(t, func() bool { return idle.Load() == 2 }, 10*time.Second, time.Millisecond,
+				"the loop ends the job it was left, and lets both go")
+			assert.Equal(t, int64(1), f.posted.Load(), "only the stuck job's op went out: the wedged waiter's were not posted")
+			require.NotEmpty(t, j.Errs)
+			assert.ErrorAs(t, j.Errs[0], &we)
+			assert.Zero(t, l.leftJobs.Load(), "the left mark was taken")
+		})
+	}
+}
+
+// TestCloseEndsAWaiterAbortingItsJob: a waiter whose context ended while
+// a call held the endpoint (a Do here) waits for the drive lock to abort
+// its job. When Close's shutdown takes the lock before it, the shutdown
+// fails the job as it begins, and the waiter returns then, not after the
+// drain and the endpoint's close (held here until the waiter returned):
+// until this test it returned 0.7-1.1 s past its context's end. The lock
+// goes to the waiter or to the shutdown, which is the race; each round
+// must end in time either way.
+func TestCloseEndsAWaiterAbortingItsJob(t *testing.T) {
+	for i := 0; i < 5; i++ {
+		f := newFakePort()
+		l := newLoop(f, 8, PollPolicy{Spin: time.Microsecond, WedgeAfter: time.Hour}, zerolog.Nop())
+		go l.run()
+		j := job(1, nil) // posted, never completes
+		j.Start, j.Deadline = time.Now(), time.Now().Add(time.Hour)
+		require.NoError(t, l.Submit(j))
+
+		holding, release := make(chan struct{}), make(chan struct{})
+		go func() { _ = l.Do(func() { close(holding); <-release }) }()
+		<-holding
+		ctx, cancel := context.WithCancel(context.Background())
+		waited := make(chan error, 1)
+		go func() { waited <- l.Wait(ctx, j) }()
+		cancel()
+		require.Eventually(t, func() bool { return l.drivers.Load() == 1 }, 10*time.Second, 10*time.Microsecond, "the waiter waits for the lock")
+
+		inBefore, closeOn := make(chan struct{}), make(chan struct{})
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close(func() { close(inBefore); <-closeOn }) }()
+		require.Eventually(t, l.Closing, 10*time.Second, time.Millisecond)
+		close(release)
+		select {
+		case <-inBefore:
+		case <-waited:
+			close(closeOn) // the waiter took the lock first: nothing to see this round
+			require.NoError(t, <-closed)
+			continue
+		case <-time.After(10 * time.Second):
+			t.Fatal("neither the shutdown nor the waiter went on")
+		}
+		select {
+		case err := <-waited:
+			require.NoError(t, err, "round %d", i)
+			require.NotEmpty(t, j.Errs)
+		case <-time.After(10 * time.Second):
+			close(closeOn)
+			t.Fatalf("round %d: the waiter waits out the shutdown", i)
+		}
+		close(closeOn)
+		require.NoError(t, <-closed)
+	}
+}
+
+// TestPassiveLoopRunsWhenAKickEndsItsPause: a passive loop pausing
+// between looks at an idle endpoint (attended: it does not park) runs a
+// round at once when a waiter's kick ends the pause, instead of handing
+// off and waiting for another kick: the waiter kicks once and parks, so
+// its op sat out the hand-off's pause, max(MaxSleep, 1ms): an hour here,
+// and the op ended at its deadline instead (until this test; 0.9 ms on
+// average under the default policy).
+func TestPassiveLoopRunsWhenAKickEndsItsPause(t *testing.T) {
+	f := newFakePort()
+	f.mayHang = true
+	f.setAuto(true, nil)
+	l := newLoop(f, 4, PollPolicy{Spin: time.Microsecond, MinSleep: time.Microsecond, MaxSleep: time.Hour}, zerolog.Nop())
+	l.ParkWhenUnattended()
+	defer l.Attend()() // a peer attends: an idle loop pauses between looks instead of parking
+	go l.run()
+	defer l.Close(nil)
+	for i := 0; i < 3; i++ {
+		// An idle spell, which is what this test is about (not a wait
+		// for a signal): past Spin and the hand-off window after the
+		// last Wait (MinSleep+1ms), the loop pauses for longer and
+		// longer, up to MaxSleep.
+		time.Sleep(50 * time.Millisecond)
+		j := job(1, nil)
+		j.Start, j.Deadline = time.Now(), time.Now().Add(10*time.Second)
+		require.NoError(t, l.Submit(j))
+		require.NoError(t, l.Wait(context.Background(), j))
+		require.Empty(t, j.Errs, "op %d ended at its deadline: the loop waited for another kick", i)
 	}
 }
 
