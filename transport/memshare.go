@@ -146,10 +146,19 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			m.releaseIncoming(outs, pid)
 		}
 	}()
-	attended := false
+	attended, reset := false, false
 	b := make([]byte, 64)
 	for {
 		n, err := c.Read(b)
+		if errors.Is(err, unix.ECONNRESET) && !reset {
+			// A peer that closes its end with messages of ours unread
+			// (the proof) resets the connection, and the kernel reports
+			// that before the messages the peer sent first, its
+			// announceClean among them: they are still queued, and the
+			// next reads return them, then the end.
+			reset = true
+			continue
+		}
 		if err != nil || n == 0 {
 			return
 		}
