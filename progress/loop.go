@@ -1763,6 +1763,9 @@ func (l *Loop) Attend() (release func()) {
 	return func() { once.Do(func() { l.attending.Add(-1) }) }
 }
 
+// Attending is how many Attend calls are not released yet.
+func (l *Loop) Attending() int { return int(l.attending.Load()) }
+
 // shutdownDrain is how long shutdown reaps completions of ops still in
 // flight before it gives up an endpoint that is unsafe to close with them.
 const shutdownDrain = 500 * time.Millisecond

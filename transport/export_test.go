@@ -218,3 +218,16 @@ func OutgoingShm(m *Manager) [2]int {
 	}
 	return n
 }
+
+// SetLeftSlotLimits sets, for t's life, how many slots of the first shm
+// endpoint's map peers may leave taken before m replaces it (leftBudget,
+// leftLimit).
+func SetLeftSlotLimits(t interface{ Cleanup(func()) }, budget, limit int64) {
+	oldBudget, oldLimit := leftBudget, leftLimit
+	leftBudget, leftLimit = budget, limit
+	t.Cleanup(func() { leftBudget, leftLimit = oldBudget, oldLimit })
+}
+
+// FirstShmAddress is the address of m's first shm endpoint, the one
+// handles name.
+func FirstShmAddress(m *Manager) string { return m.backends().sameNode.Address() }

@@ -92,6 +92,9 @@ type Manager struct {
 	shmOutClosed atomic.Int64
 	// releasers counts releaseIncoming's goroutines.
 	releasers atomic.Int64
+	// rotating is the first shm endpoint being replaced because peers
+	// left its map full (rotateIfFull); nil when none is.
+	rotating atomic.Pointer[libfabric.Route]
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,
@@ -524,14 +527,19 @@ func (m *Manager) closeNote(kind route.Kind, peer *sameNodePeer) string {
 // as the kernel verified it: a handle whose process, shm address or guard
 // table is not its owner's is stale or forged.
 func matchesPeer(r *RemoteBuffer, ep *remoteEP, peer *sameNodePeer) error {
+	shm := ep.provider != cma.Name && ep.provider != mem.Name
 	switch {
+	case shm && string(ep.name) != string(peer.shmName) && peer.shmName != nil && libfabric.ShmNameOf(ep.name, peer.pid):
+		// Another endpoint of the owner's own: not forged, replaced.
+		return fmt.Errorf("%w: buffer %d's handle names an shm endpoint that its owner (process %d) has replaced since (it replaces one stuck inside libfabric, or one its dead peers left full); a buffer registered before keeps its other routes (cma, tcp): reach it over one of those, or ask the owner for the handle of a buffer registered since",
+			ErrStaleHandle, r.id, peer.pid)
 	case ep.guard == nil || ep.guard.table != peer.guardFor(ep.provider).table || ep.guard.key != peer.guardFor(ep.provider).key:
 		return fmt.Errorf("%w: buffer %d's guard table is not its owner's (process %d)", ErrStaleHandle, r.id, peer.pid)
 	case ep.guard.slot >= guardSlots:
 		return fmt.Errorf("%w: buffer %d's guard slot %d is out of range", ErrStaleHandle, r.id, ep.guard.slot)
 	case (ep.provider == cma.Name || ep.provider == mem.Name) && cma.PID(ep.name) != peer.pid:
 		return fmt.Errorf("%w: the handle names process %d, its owner is process %d", ErrStaleHandle, cma.PID(ep.name), peer.pid)
-	case ep.provider != cma.Name && ep.provider != mem.Name && string(ep.name) != string(peer.shmName):
+	case shm && string(ep.name) != string(peer.shmName):
 		return fmt.Errorf("%w: the handle's shm address is not its owner's (process %d)", ErrStaleHandle, peer.pid)
 	}
 	return nil
@@ -947,7 +955,7 @@ func (m *Manager) replaceSameNode(old *libfabric.Route, why error) error {
 		m.verifier.dropPeers() // they hold the old shm address
 	}
 	m.log.Warn().Err(why).Str("old", old.Address()).Str("new", b.Address()).
-		Msg("shm endpoint stuck: retired, and a new one opened")
+		Msg("shm endpoint retired, and a new one opened")
 	return nil
 }
 

@@ -144,6 +144,8 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 		}
 		if clean {
 			m.releaseIncoming(outs, pid)
+		} else {
+			m.leaveSlots(m.backends().sameNode, len(outs))
 		}
 	}()
 	attended, reset := false, false

@@ -445,10 +445,18 @@ func (m *Manager) wakeSameNode() {
 }
 
 // attendSameNode keeps the shm loop polling for a verified peer until
-// the returned release is called.
+// the returned release is called; a replacement of the endpoint that
+// waited for its peers to leave it may follow then (rotateIfFull).
 func (m *Manager) attendSameNode() (release func()) {
 	if sn := m.backends().sameNode; sn != nil {
-		return sn.Attend()
+		end := sn.Attend()
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				end()
+				m.rotateIfFull(sn)
+			})
+		}
 	}
 	return func() {}
 }

@@ -117,9 +117,10 @@ func (m *Manager) rotateShmOut(old *libfabric.Route) error {
 	return nil
 }
 
-// closeRetired closes a retired Outgoing shm endpoint that nothing holds
-// any more, and the registrations buffers made on it for their ops, and
-// drops it from the manager's set.
+// closeRetired closes a retired shm endpoint that nothing holds any more
+// (an Outgoing one, or a first one its peers left full: rotateIfFull),
+// and the registrations buffers made on it, and drops it from the
+// manager's set.
 func (m *Manager) closeRetired(b *libfabric.Route) {
 	if err := m.acquire(); err != nil {
 		return // Close closes every endpoint
@@ -130,7 +131,9 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 		return
 	}
 	b.FreeScratch()
-	m.verified.sayDone(b) // the owners it was named to may free its slot
+	if b.Outgoing {
+		m.verified.sayDone(b) // the owners it was named to may free its slot
+	}
 	m.replaceMu.Lock()
 	cur := m.backends()
 	next := *cur
@@ -142,7 +145,9 @@ func (m *Manager) closeRetired(b *libfabric.Route) {
 	}
 	m.set.Store(&next)
 	m.replaceMu.Unlock()
-	m.shmOutClosed.Add(1)
+	if b.Outgoing {
+		m.shmOutClosed.Add(1)
+	}
 	m.log.Debug().Str("endpoint", b.Address()).Msg("retired shm endpoint closed")
 }
 
@@ -261,15 +266,83 @@ func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 	if m.releasers.Add(1) > maxReleasers {
 		m.releasers.Add(-1)
 		try()
+		m.leaveSlots(sn, len(names))
 		return
 	}
 	go func() {
 		defer m.releasers.Add(-1)
 		for end := time.Now().Add(releaseWait); !m.closing.Load(); time.Sleep(releaseEvery) {
-			if try(); len(names) == 0 || time.Now().After(end) {
+			if try(); len(names) == 0 {
+				return
+			}
+			if time.Now().After(end) {
+				m.leaveSlots(sn, len(names))
 				return
 			}
 		}
+	}()
+}
+
+// Slots that peers leave taken. A peer endpoint that reached the first
+// shm endpoint by itself keeps its slot of libfabric 2.x's shm map (256)
+// until releaseIncoming frees it, which needs the peer to say it closed
+// clean: a killed peer's slot, or one's that closed with ops in flight,
+// stays taken for the endpoint's life. Once the map is full shm gives
+// the next peer a slot in use (smr_map_add), and the endpoint then served
+// none of its peers, the live ones included: 255 killed peers did that
+// (docs/RELIABILITY.md). So a manager counts those slots
+// (libfabric.Route.LeaveSlots) and replaces its first shm endpoint once
+// leftBudget are taken and no peer attends it, or once those and the
+// peers attending it (a slot each, at least) reach leftLimit with at
+// least leftBudget/4 taken; the old one closes once its peers leave it
+// (at most releaseWait later), which unmaps what the dead ones left. A
+// peer verified before verifies again and learns the new endpoint; a
+// buffer registered before keeps its other routes, as after a wedge
+// (replaceSameNode), and its handle's shm part fails as stale. The
+// budget is high, so that an owner whose peers hold old handles loses
+// shm for them as late as is safe; what stays below 256 is room for
+// slots nobody counted (a peer killed before it named its endpoint).
+var (
+	leftBudget int64 = 192
+	leftLimit  int64 = 240
+)
+
+// leaveSlots counts n slots of sn's map that peer endpoints left taken,
+// and replaces sn when too many are (rotateIfFull).
+func (m *Manager) leaveSlots(sn *libfabric.Route, n int) {
+	if sn == nil || n == 0 || !sn.RecyclesSlots() {
+		return
+	}
+	left := sn.LeaveSlots(n)
+	m.log.Debug().Int("slots", n).Int64("left", left).Str("endpoint", sn.Address()).Msg("a peer left slots of the shm map taken")
+	m.rotateIfFull(sn)
+}
+
+// rotateIfFull replaces sn, the first shm endpoint, when its peers left
+// too many slots of its map taken (leftBudget, leftLimit); one
+// replacement at a time. The old endpoint closes once no peer attends
+// it, or after releaseWait.
+func (m *Manager) rotateIfFull(sn *libfabric.Route) {
+	if sn == nil || !sn.RecyclesSlots() {
+		return
+	}
+	left, attending := sn.LeaveSlots(0), int64(sn.Attending())
+	idle := left >= leftBudget && attending == 0
+	crowded := left >= leftBudget/4 && left+attending >= leftLimit
+	if !idle && !crowded || !m.rotating.CompareAndSwap(nil, sn) {
+		return
+	}
+	go func() {
+		defer m.rotating.Store(nil)
+		why := fmt.Errorf("peers left %d slots of this shm endpoint's map taken (killed, or closed with ops in flight); libfabric %v's shm gives the next peer a slot in use once its 256 are",
+			left, fabric.RuntimeVersion())
+		if m.replaceSameNode(sn, why) != nil || m.backends().sameNode == sn {
+			return
+		}
+		for end := time.Now().Add(releaseWait); sn.Attending() > 0 && time.Now().Before(end) && !m.closing.Load(); {
+			time.Sleep(releaseEvery)
+		}
+		m.closeRetired(sn)
 	}()
 }
 

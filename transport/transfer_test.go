@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -664,6 +666,86 @@ func TestStuckShmEndpointIsReplaced(t *testing.T) {
 	err := peer.Transfer("read", 0, old.Remote())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "stale or altered handle")
+}
+
+// TestOwnerReplacesAnShmEndpointPeersLeftFull: on libfabric 2.x a killed
+// peer leaves its slot of the owner's shm map taken, and a full map
+// (256 slots) served no peer at all, the live ones included (255 killed
+// peers did that, by hand). The owner counts those slots and replaces its
+// first shm endpoint once leftBudget are taken and no peer attends it
+// ("idle": 3 here), or once they and the peers attending reach leftLimit
+// ("crowded": 3 dead and a live peer, against 4); it closes the old
+// endpoint, which unmaps what the dead peers left. A new peer is served
+// on the new one; a handle of a buffer registered before fails over shm
+// as stale, saying the owner replaced the endpoint. 1.x's map does not
+// hand out a slot in use: nothing is replaced there, and the dead peers'
+// regions stay mapped (docs/RELIABILITY.md, "Left: 1.x").
+func TestOwnerReplacesAnShmEndpointPeersLeftFull(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		budget, limit int64
+		live          bool
+	}{
+		{"idle", 3, 100, false},
+		{"crowded", 12, 4, true}, // not before the third death: leftBudget/4
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			transport.SetLeftSlotLimits(t, tc.budget, tc.limit)
+			owner := newManager(t, transport.WithProviders("shm"))
+			old := register(t, owner, alloc(t, 4096), mr.ReadWrite)
+			testpeer.Fill(old.Bytes(), 1)
+			first := transport.FirstShmAddress(owner)
+			var live *testpeer.Peer
+			if tc.live {
+				live = testpeer.Start(t, "shm")
+				live.Register(4096, mr.ReadWrite, 2)
+				require.NoError(t, live.Transfer("read", 0, old.Remote()))
+			}
+			var dead []int
+			for i := 0; i < 3; i++ {
+				peer := testpeer.Start(t, "shm")
+				peer.Register(4096, mr.ReadWrite, 2)
+				require.NoError(t, peer.Transfer("read", 0, old.Remote()))
+				dead = append(dead, peer.Pid)
+				peer.Kill()
+			}
+			mapped := func() int {
+				maps, err := os.ReadFile("/proc/self/maps")
+				require.NoError(t, err)
+				n := 0
+				for _, pid := range dead {
+					n += strings.Count(string(maps), fmt.Sprintf("/dev/shm/%d:", pid))
+				}
+				return n
+			}
+			recycles := fabric.RuntimeVersion().Major() >= 2
+			if recycles {
+				require.Eventually(t, func() bool { return transport.FirstShmAddress(owner) != first }, 30*time.Second, 10*time.Millisecond,
+					"the owner replaces the endpoint its dead peers left 3 slots of")
+				require.Eventually(t, func() bool { return mapped() == 0 }, 30*time.Second, 10*time.Millisecond,
+					"the old endpoint closed, unmapping what the dead peers left: %d mappings left", mapped())
+			}
+			fresh := register(t, owner, alloc(t, 4096), mr.ReadWrite)
+			testpeer.Fill(fresh.Bytes(), 3)
+			peer := testpeer.Start(t, "shm")
+			peer.Register(4096, mr.ReadWrite, 2)
+			require.NoError(t, peer.Transfer("read", 0, fresh.Remote()), "a new peer is served")
+			assert.Equal(t, testpeer.Sum(fresh.Bytes()), peer.Sum(0, 0, 4096))
+			if !recycles {
+				assert.Equal(t, first, transport.FirstShmAddress(owner), "1.x: nothing replaced")
+				assert.Equal(t, len(dead), mapped(), "1.x: each dead peer's region stays mapped")
+				return
+			}
+			err := peer.Transfer("read", 0, old.Remote())
+			require.ErrorContains(t, err, "stale or altered handle")
+			assert.ErrorContains(t, err, "has replaced since")
+			if tc.live {
+				err := live.Transfer("read", 0, old.Remote())
+				assert.ErrorContains(t, err, "has replaced since", "the live peer's handle names the old endpoint too")
+				require.NoError(t, live.Transfer("read", 0, fresh.Remote()), "and it reaches a buffer registered since")
+			}
+		})
+	}
 }
 
 // TestCloseReportsWedgedEndpoint: Close of a manager whose endpoint is

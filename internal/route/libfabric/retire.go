@@ -148,6 +148,14 @@ func (r *Route) mapFull(name []byte) error {
 	return fmt.Errorf("%w: %s; close the manager and open a new one", errclass.ErrBlocked, what)
 }
 
+// LeaveSlots counts n slots of shm's map that peer endpoints which
+// reached r by themselves left taken for r's life (ReleaseIncoming never
+// ran for them: killed, or closed with ops in flight), and returns how
+// many so far. On a route that RecyclesSlots (2.x) a full map (256)
+// gives the next peer a slot in use (smr_map_add, whose check is an
+// assert), and the endpoint then serves none of its peers.
+func (r *Route) LeaveSlots(n int) int64 { return r.left.Add(int64(n)) }
+
 // ReleaseIncoming frees the slot of shm's map that the peer endpoint
 // name took when it reached this endpoint by itself (its handshake), and
 // unmaps its region, once that endpoint closed: its region file is gone.

@@ -78,6 +78,7 @@ type Route struct {
 	recycles     bool // RecyclesSlots
 	scratchFreed atomic.Bool
 	inserts      atomic.Int64 // see MapAdds
+	left         atomic.Int64 // see LeaveSlots
 	// holds counts Hold; drainedHolds once the route drained (Retire).
 	holds atomic.Int64
 
@@ -172,6 +173,9 @@ func (r *Route) Polls() uint64 { return r.loop.Polls() }
 // Attend keeps the progress loop polling for a peer that may need it,
 // until release is called (progress.Loop.Attend).
 func (r *Route) Attend() (release func()) { return r.loop.Attend() }
+
+// Attending is how many peers attend the endpoint (Attend).
+func (r *Route) Attending() int { return r.loop.Attending() }
 
 // Wake makes the idle progress loop look now and for its Spin: a peer's
 // op that needs this endpoint's progress is on its way (progress.Loop.Wake).
