@@ -20,6 +20,7 @@ type region struct {
 	base, end uintptr
 	mapped    []byte // set for Alloc'd memory (to munmap)
 	fd        int    // the memfd behind Alloc'd memory; -1 without
+	holds     int    // registrations using it (Hold): Free refuses it meanwhile
 }
 
 var regions struct {
@@ -189,7 +190,9 @@ func File(b []byte, readOnly bool) (fd int, ok bool, err error) {
 }
 
 // Free unmaps memory returned by Alloc. It fails for memory Alloc did not
-// return (a sub-slice, or adopted memory).
+// return (a sub-slice, or adopted memory), and for memory a registration
+// still uses (Hold): a peer's op could still write it, into whatever the
+// next Alloc puts there.
 func Free(b []byte) error {
 	if len(b) == 0 {
 		return nil
@@ -198,8 +201,17 @@ func Free(b []byte) error {
 	regions.Lock()
 	defer regions.Unlock()
 	i := find(base)
-	if i < 0 || regions.list[i].base != base || regions.list[i].mapped == nil {
+	if i < 0 || regions.list[i].mapped == nil {
 		return fmt.Errorf("mr.Free: %#x was not returned by mr.Alloc", base)
+	}
+	r := regions.list[i]
+	if r.base != base || uintptr(len(b)) != r.end-r.base {
+		return fmt.Errorf("mr.Free: %d bytes at %#x are part of an allocation of %d bytes at %#x: free the slice mr.Alloc returned, whole",
+			len(b), base, r.end-r.base, r.base)
+	}
+	if r.holds > 0 {
+		return fmt.Errorf("mr.Free: the %d bytes at %#x are still registered (%d registration(s)): close the transport.Buffer first, and free them only once its Close returned nil",
+			len(b), base, r.holds)
 	}
 	if err := unix.Munmap(regions.list[i].mapped); err != nil {
 		return fmt.Errorf("mr.Free: munmap: %w", err)
@@ -209,6 +221,34 @@ func Free(b []byte) error {
 	}
 	regions.list = append(regions.list[:i], regions.list[i+1:]...)
 	return nil
+}
+
+// Hold marks b, memory from Alloc or Adopt, as used by a registration
+// until the returned release is called (once; later calls do nothing):
+// meanwhile Free refuses the allocation that holds it. It returns a
+// release that does nothing for memory neither declared.
+func Hold(b []byte) (release func()) {
+	if len(b) == 0 {
+		return func() {}
+	}
+	base := Addr(b)
+	regions.Lock()
+	defer regions.Unlock()
+	i := find(base)
+	if i < 0 {
+		return func() {}
+	}
+	regions.list[i].holds++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			regions.Lock()
+			defer regions.Unlock()
+			if i := find(base); i >= 0 && regions.list[i].holds > 0 {
+				regions.list[i].holds--
+			}
+		})
+	}
 }
 
 // Adopt declares b as memory outside the Go heap that stays mapped while

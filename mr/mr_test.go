@@ -27,6 +27,27 @@ func TestAllocFree(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// TestFreeRefusesWhatItMustNotFree: a sub-slice of an allocation (which
+// Free used to take for the whole of it when it began at its start), and
+// memory a registration holds (which a peer could still write into the
+// next allocation at that address) are refused, saying why; a hold ends
+// once, whatever part of the allocation it was taken on.
+func TestFreeRefusesWhatItMustNotFree(t *testing.T) {
+	b, err := Alloc(8192)
+	require.NoError(t, err)
+	assert.ErrorContains(t, Free(b[:100]), "part of an allocation of 8192 bytes", "a prefix")
+	assert.ErrorContains(t, Free(b[4096:]), "part of an allocation of 8192 bytes")
+	release := Hold(b[100:200])
+	second := Hold(b)
+	assert.ErrorContains(t, Free(b), "still registered (2 registration(s))")
+	release()
+	release() // once
+	assert.ErrorContains(t, Free(b), "still registered (1 registration(s))")
+	second()
+	require.NoError(t, Free(b))
+	assert.NotPanics(t, func() { Hold(make([]byte, 8))() }, "memory neither declared: nothing held")
+}
+
 func TestGoHeapIsRefused(t *testing.T) {
 	heap := make([]byte, 4096)
 	err := CheckOffHeap(heap)

@@ -48,6 +48,9 @@ type bufState struct {
 	hasGrd    bool
 	shared    bool // peers may map it (the mem route): a whole mr.Alloc allocation they may read
 	owned     bool // Manager.Alloc's: the memory goes with the registration
+	// unhold ends the mr.Hold that keeps mr.Free off host memory while
+	// it is registered (nil once ended, and for device memory). Under mu.
+	unhold func()
 	// kept: a peer still copied with the memory when Close stopped
 	// waiting; it is never freed. Under mu.
 	kept bool
@@ -95,7 +98,9 @@ func (m *Manager) Alloc(n int, access mr.Access) (*Buffer, error) {
 // Register registers mem for RMA on every backend of the manager, with
 // the remote access given. mem must come from mr.Alloc (or mr.Adopt):
 // Go heap memory is refused with an error saying so. It stays the
-// caller's: free it only after Close. With libfabric's shm, a Register
+// caller's: mr.Free refuses its allocation until Close (or Manager.Close)
+// returned nil, since a peer could otherwise write into whatever the
+// next mr.Alloc puts at that address. With libfabric's shm, a Register
 // after a same-node peer died first checks the shm endpoint that death
 // may have blocked, and takes up to the poll policy's WedgeAfter (10 s by
 // default) when it did (docs/RELIABILITY.md).
@@ -103,7 +108,12 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	if err := mr.CheckOffHeap(mem); err != nil {
 		return nil, err
 	}
-	return m.register(&bufState{mem: mem, base: mr.Addr(mem), size: uint64(len(mem)), iface: mr.Host}, access)
+	st := &bufState{mem: mem, base: mr.Addr(mem), size: uint64(len(mem)), iface: mr.Host, unhold: mr.Hold(mem)}
+	b, err := m.register(st, access)
+	if err != nil && !errors.Is(err, ErrEndpointWedged) { // else a registration may stay, and the hold with it
+		st.unhold()
+	}
+	return b, err
 }
 
 // RegisterDevice registers device (GPU) memory on every backend, through
@@ -205,7 +215,9 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 	return &Buffer{st: st, n: st.size}, nil, nil
 }
 
-// Bytes is the buffer's memory; nil for device memory.
+// Bytes is the buffer's memory; nil for device memory. A Manager.Alloc
+// buffer's memory is freed by its Close and by Manager.Close: the slice
+// must not be used after either.
 func (b *Buffer) Bytes() []byte {
 	if b.st.mem == nil {
 		return nil
@@ -354,7 +366,7 @@ func (st *bufState) Unref() {
 		st.wakeCloser()
 		last = false // the waiting Close deregisters
 	}
-	owned := st.owned && st.mayFree && st.refs == 0
+	owned := (st.owned || st.unhold != nil) && st.mayFree && st.refs == 0
 	st.mu.Unlock()
 	switch {
 	case last:
@@ -483,19 +495,28 @@ func (st *bufState) registeredOn(i int) bool {
 	return false
 }
 
-// freeOwned frees the memory of a Manager.Alloc buffer, once, unless a
-// peer may still copy with it; while a transfer of this process holds it,
-// the last one's Unref frees it. Its callers have closed the buffer's
-// registrations: a Manager.Close that leaves them to a wedged endpoint
-// does not call it, and the memory stays.
+// freeOwned ends the buffer's hold on its memory (mr.Hold) and frees the
+// memory of a Manager.Alloc buffer, once, unless a peer may still copy
+// with it; while a transfer of this process holds it, the last one's
+// Unref does. Its callers have closed the buffer's registrations: a
+// Manager.Close that leaves them to a wedged endpoint does not call it,
+// and the memory stays, held.
 func (st *bufState) freeOwned() {
 	st.mu.Lock()
 	st.mayFree = true
-	free := st.owned && !st.kept && st.refs == 0
+	done := !st.kept && st.refs == 0
+	free := done && st.owned
 	if free {
 		st.owned = false
 	}
+	var unhold func()
+	if done {
+		unhold, st.unhold = st.unhold, nil
+	}
 	st.mu.Unlock()
+	if unhold != nil {
+		unhold()
+	}
 	if free {
 		_ = mr.Free(st.mem)
 	}

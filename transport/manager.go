@@ -788,12 +788,14 @@ func (m *Manager) PollRoute(rt Route) {
 }
 
 // Close closes the manager: transfers still in flight fail with ErrClosed,
-// every buffer is deregistered, every endpoint closed. Later calls fail
-// with ErrClosed. Closing twice is a no-op. It returns an error wrapping
-// ErrEndpointWedged for each endpoint stuck inside libfabric: Close does
-// not wait for such a call, and leaves the endpoint, its registrations
-// and the memory they use to it (a buffer of that manager must then not
-// be freed: mr.Free would pull memory from under libfabric).
+// every buffer is deregistered, every endpoint closed, and the memory of
+// Manager.Alloc buffers freed (their Bytes must not be used after Close;
+// memory the caller registered stays the caller's, and mr.Free takes it
+// from then on). Later calls fail with ErrClosed. Closing twice is a
+// no-op. It returns an error wrapping ErrEndpointWedged for each endpoint
+// stuck inside libfabric: Close does not wait for such a call, and leaves
+// the endpoint, its registrations and the memory they use to it (mr.Free
+// refuses that memory then: it would pull memory from under libfabric).
 func (m *Manager) Close() error {
 	m.closeOnce.Do(func() {
 		m.closing.Store(true)

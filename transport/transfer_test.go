@@ -899,7 +899,30 @@ func TestManagerAlloc(t *testing.T) {
 	assert.Equal(t, testpeer.Sum(b.Bytes()), peer.Sum(0, 0, 4096), "the peer read the buffer")
 	mem := b.Bytes()
 	require.True(t, mr.Whole(mem))
+	assert.ErrorContains(t, mr.Free(mem), "still registered", "freeing it under its registration: the peer could write into the next allocation there")
 	require.NoError(t, b.Close())
 	assert.False(t, mr.Whole(mem), "Close freed the memory")
 	assert.Error(t, mr.Free(mem), "freed once, by Close")
+}
+
+// TestRegisteredMemoryIsNotFreed: memory of the caller's that a Buffer
+// registers cannot be freed until the Buffer's Close returned nil: until
+// then a peer's write could land in whatever the next mr.Alloc put at
+// that address (a new user's program saw exactly that, over cma, shm and
+// tcp). A registration that failed holds nothing.
+func TestRegisteredMemoryIsNotFreed(t *testing.T) {
+	m := newManager(t)
+	mem, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	b, err := m.Register(mem, mr.ReadWrite)
+	require.NoError(t, err)
+	assert.ErrorContains(t, mr.Free(mem), "still registered")
+	require.NoError(t, b.Close())
+	require.NoError(t, mr.Free(mem), "free once Close returned nil")
+
+	mem, err = mr.Alloc(4096)
+	require.NoError(t, err)
+	_, err = m.Register(mem, mr.Access(0x80))
+	require.Error(t, err)
+	require.NoError(t, mr.Free(mem), "a registration refused holds nothing")
 }
