@@ -69,7 +69,11 @@ type Server struct {
 	stopping bool                         // ctx ended: sessions end at once
 	admitted int                          // sessions holding a buffer
 	inUse    uint64                       // bytes of their buffers
-	pending  chan struct{}                // a place per client not yet admitted
+	// kept: bytes of session buffers whose Close failed (a peer still
+	// copied with one, or an endpoint kept its registration): never freed,
+	// so they count against MaxMemory for good.
+	kept    uint64
+	pending chan struct{} // a place per client not yet admitted
 }
 
 // refuse tells a client it cannot be served, and hangs up: the write
@@ -260,7 +264,11 @@ func (s *Server) admit() error {
 	switch {
 	case s.cfg.MaxSessions > 0 && s.admitted >= s.cfg.MaxSessions:
 		return fmt.Errorf("%w: %d sessions in progress (--max-sessions %d); try again later", ErrBusy, s.admitted, s.cfg.MaxSessions)
-	case s.cfg.MaxMemory > 0 && s.inUse+s.size > s.cfg.MaxMemory:
+	case s.cfg.MaxMemory > 0 && s.inUse+s.kept+s.size > s.cfg.MaxMemory:
+		if s.kept > 0 {
+			return fmt.Errorf("%w: %d sessions hold %d bytes and %d more stay with buffers past sessions could not free (a peer still copied with them: see the log), and another %d would pass --max-memory %d; restart the server to get them back",
+				ErrBusy, s.admitted, s.inUse, s.kept, s.size, s.cfg.MaxMemory)
+		}
 		return fmt.Errorf("%w: %d sessions hold %d bytes, and another %d would pass --max-memory %d; try again later",
 			ErrBusy, s.admitted, s.inUse, s.size, s.cfg.MaxMemory)
 	}
@@ -346,6 +354,9 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn, admitted fun
 	defer func() {
 		if err := release(buf, mem); err != nil {
 			s.logf("client %s: %v", conn.RemoteAddr(), err)
+			s.mu.Lock()
+			s.kept += s.size // the buffer stays: it still counts
+			s.mu.Unlock()
 		}
 	}()
 	h, err := buf.Remote().MarshalBinary()

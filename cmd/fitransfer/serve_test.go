@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -63,6 +66,61 @@ func TestServeLimits(t *testing.T) {
 			}, 10*time.Second, 20*time.Millisecond, "a client once a session ended")
 		})
 	}
+}
+
+// TestServeCountsBuffersItCouldNotFree: a client on the mem route
+// stopped in the middle of a copy (SIGSTOP: Ctrl-Z, a debugger) until its
+// session ended keeps serve from freeing that session's buffer, for
+// good (its Close gives up after --timeout: the copy may still go on).
+// The buffer still counts against --max-memory: the next client is told
+// the server is busy and why. Until this test serve stopped counting it,
+// and clients stopped so grew its memory past the cap without bound (a
+// review saw five 64 MiB buffers under a 128 MiB cap).
+func TestServeCountsBuffersItCouldNotFree(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	srv := cliCommand(t, "serve", "--listen", "127.0.0.1:0", "--size", "16m", "--max-memory", "16m",
+		"--idle-timeout", "3s", "--timeout", "1s") // the client sends nothing on the session while it writes: it must stop first
+	srvErr := &syncLog{}
+	srv.Stderr = logWriter{srvErr}
+	addr, _ := runServer(t, srv)
+	cli := cliCommand(t, "write", addr, "-S", "16m", "-I", "1000000000", "-W", "1")
+	errb := &syncLog{}
+	cli.Stderr = logWriter{errb}
+	require.NoError(t, cli.Start())
+	t.Cleanup(func() { _ = cli.Process.Kill(); _ = cli.Wait() })
+	// Mapped: its own buffer and serve's, each a 16 MiB memfd. Its copies
+	// begin then, and take most of each op from then on.
+	require.Eventually(t, func() bool { return memfdMappings(t, cli.Process.Pid, 16<<20) == 2 }, 30*time.Second, time.Millisecond,
+		"the client did not map serve's buffer (the mem route): %s", errb.String())
+	require.NoError(t, cli.Process.Signal(syscall.SIGSTOP))
+	if !assert.Eventually(t, func() bool { return strings.Contains(srvErr.String(), "still copy with its memory") }, 30*time.Second, 10*time.Millisecond,
+		"serve gives up freeing the stopped client's buffer") {
+		t.Fatalf("serve said: %q; the client said: %q", srvErr.String(), errb.String())
+	}
+	require.NoError(t, cli.Process.Kill())
+	_ = cli.Wait()
+
+	_, stderr, code := runCLI("read", addr, "-S", "4k", "-I", "5")
+	assert.NotEqual(t, exitOK, code)
+	assert.Contains(t, stderr, "server busy")
+	assert.Contains(t, stderr, "stay with buffers past sessions could not free")
+}
+
+// memfdMappings counts the mappings of fitransfer's memfds of size bytes
+// in process pid.
+func memfdMappings(t *testing.T, pid int, size uint64) int {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	require.NoError(t, err)
+	n := 0
+	for _, l := range strings.Split(string(maps), "\n") {
+		var lo, hi uint64
+		if strings.Contains(l, "/memfd:fitransfer") {
+			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // TestServeDropsSilentClients: a client that connects and says nothing is
