@@ -147,9 +147,14 @@ func (s *Session) CheckSizes() error {
 		factor = 2
 	}
 	for _, size := range s.cfg.Sizes {
-		if size*factor > s.remote.Len() {
+		switch {
+		case size*factor <= s.remote.Len():
+		case factor == 2:
+			return fmt.Errorf("a pingpong of %d bytes needs twice that of the server's buffer, which has %d bytes: start the server with --size %d or more",
+				size, s.remote.Len(), size*factor)
+		default:
 			return fmt.Errorf("size %d is larger than the server's %d-byte buffer: start the server with --size %d or more",
-				size, s.remote.Len()/factor, size*factor)
+				size, s.remote.Len(), size)
 		}
 	}
 	return nil

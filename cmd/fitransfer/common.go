@@ -61,8 +61,11 @@ func (f *managerFlags) open(ctx context.Context) (*transport.Manager, error) {
 		opts = append(opts, transport.WithTransmitComplete())
 	}
 	m, err := transport.New(ctx, opts...)
-	if err != nil {
+	if err != nil && !strings.Contains(err.Error(), "fitransfer doctor") {
 		return nil, fmt.Errorf("%w (see `fitransfer doctor`)", err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -166,13 +166,13 @@ func TestPointToPointErrors(t *testing.T) {
 	}{
 		{"refused", []string{"read", refused}, exitFail, []string{"connection refused", "is `fitransfer serve` running"}},
 		{"size over the server's buffer", []string{"write", small, "-S", "64k"}, exitFail, []string{"larger than the server's 4096-byte buffer", "--size"}},
-		{"pingpong needs twice the size", []string{"pingpong", small, "-S", "4k"}, exitFail, []string{"--size 8192"}},
+		{"pingpong needs twice the size", []string{"pingpong", small, "-S", "4k"}, exitFail, []string{"a pingpong of 4096 bytes needs twice that of the server's buffer, which has 4096 bytes", "--size 8192"}},
 		{"no common provider", []string{"read", shmOnly, "-p", "tcp"}, exitFail, []string{"no route", "common -p provider"}},
 		{"server never answers", []string{"read", silent.Addr().String(), "--timeout", "1s"}, exitFail, []string{"did not answer within 1s"}},
 		{"bad size", []string{"read", small, "-S", "lots"}, exitUsage, []string{`bad size "lots"`}},
 		{"no host", []string{"write"}, exitUsage, []string{"want one HOST[:PORT]"}},
 		{"bad window", []string{"write", small, "-W", "0"}, exitUsage, []string{"-W >= 1"}},
-		{"unknown provider", []string{"read", small, "-p", "nosuch"}, exitFail, []string{`provider "nosuch"`}},
+		{"unknown provider", []string{"read", small, "-p", "nosuch"}, exitFail, []string{`provider "nosuch"`, "see `fitransfer doctor`"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,6 +183,7 @@ func TestPointToPointErrors(t *testing.T) {
 				assert.Contains(t, stderr, w)
 			}
 			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+			assert.LessOrEqual(t, strings.Count(stderr, "fitransfer doctor"), 1, "the hint once: %q", stderr)
 			assert.Less(t, time.Since(start), 15*time.Second)
 		})
 	}
