@@ -210,7 +210,7 @@ func Free(b []byte) error {
 			len(b), base, r.end-r.base, r.base)
 	}
 	if r.holds > 0 {
-		return fmt.Errorf("mr.Free: the %d bytes at %#x are still registered (%d registration(s)): close the transport.Buffer first, and free them only once its Close returned nil",
+		return fmt.Errorf("mr.Free: the %d bytes at %#x are still registered (%d registration(s)): close the transport.Buffer first; memory a peer may still use stays registered, and its Close says so",
 			len(b), base, r.holds)
 	}
 	if err := unix.Munmap(regions.list[i].mapped); err != nil {

@@ -1773,7 +1773,10 @@ const shutdownDrain = 500 * time.Millisecond
 // drain reaps completions until nothing is in flight or d passed.
 func (l *Loop) drain(d time.Duration) {
 	for end := time.Now().Add(d); l.inflight > 0 && time.Now().Before(end); {
-		if !l.reap() {
+		l.inCall.Store(monoNow())
+		worked := l.reap()
+		l.inCall.Store(0)
+		if !worked {
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -1782,11 +1785,6 @@ func (l *Loop) drain(d time.Duration) {
 // shutdown fails every unfinished job, closes the endpoint and then
 // settles every job, in flight or not. Under the drive lock.
 func (l *Loop) shutdown() {
-	// The drain's reads, beforeClose and the close are libfabric calls
-	// too: one that never returns wedges the endpoint (AwaitStop, and
-	// waiters that would abort a job, report it).
-	l.inCall.Store(monoNow())
-	defer l.inCall.Store(0)
 	seen := map[*Job]bool{}
 	var jobs []*Job
 	add := func(j *Job) {
@@ -1826,7 +1824,12 @@ func (l *Loop) shutdown() {
 	}
 	abandon := l.inflight > 0 && unsafeClose
 	clear(l.slots)
+	// beforeClose (closing registrations) and the close are libfabric
+	// calls too: one that never returns wedges the endpoint (AwaitStop,
+	// and waiters that would abort a job, report it). Each is timed by
+	// itself, as the drain's reads are, not the shutdown as a whole.
 	if before != nil {
+		l.inCall.Store(monoNow())
 		before()
 	}
 	if abandon {
@@ -1837,7 +1840,9 @@ func (l *Loop) shutdown() {
 	// Closing the endpoint ends what the provider was doing with the
 	// memory of ops still in flight; only then are they idle. (An
 	// abandoned endpoint is never progressed again, which ends it too.)
+	l.inCall.Store(monoNow())
 	l.port.close()
+	l.inCall.Store(0)
 	l.down = true
 	l.active, l.running = nil, nil
 	for _, j := range jobs {

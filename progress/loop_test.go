@@ -669,6 +669,22 @@ func TestWedgedWaiterLeavesItsJob(t *testing.T) {
 	}
 }
 
+// TestShutdownDrainIsNoWedge: a shutdown that drains ops in flight (1.x's
+// tcp;ofi_rxm) for up to shutdownDrain is no call stuck inside libfabric,
+// whatever the policy's WedgeAfter (100 ms here): Close returns nil once
+// the loop stopped. Counting the whole shutdown as one call made Close
+// report a wedge after 100 ms of a normal drain (a review).
+func TestShutdownDrainIsNoWedge(t *testing.T) {
+	f := newFakePort()
+	f.unsafeClose = true
+	l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, WedgeAfter: 100 * time.Millisecond}, zerolog.Nop())
+	go l.run()
+	require.NoError(t, l.Submit(job(1, nil)))
+	require.Eventually(t, func() bool { return f.inFlight() == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, l.Close(nil))
+	assert.True(t, l.Stopped())
+}
+
 // TestCloseEndsAWaiterAbortingItsJob: a waiter whose context ended while
 // a call held the endpoint (a Do here) waits for the drive lock to abort
 // its job. When Close's shutdown takes the lock before it, the shutdown

@@ -108,12 +108,25 @@ func (m *Manager) Register(mem []byte, access mr.Access) (*Buffer, error) {
 	if err := mr.CheckOffHeap(mem); err != nil {
 		return nil, err
 	}
-	st := &bufState{mem: mem, base: mr.Addr(mem), size: uint64(len(mem)), iface: mr.Host, unhold: mr.Hold(mem)}
+	release := mr.Hold(mem)
+	st := &bufState{mem: mem, base: mr.Addr(mem), size: uint64(len(mem)), iface: mr.Host}
 	b, err := m.register(st, access)
-	if err != nil && !errors.Is(err, ErrEndpointWedged) { // else a registration may stay, and the hold with it
-		st.unhold()
+	if err != nil {
+		if !errors.Is(err, ErrEndpointWedged) { // else a registration may stay, and the hold with it
+			release()
+		}
+		return nil, err
 	}
-	return b, err
+	st.mu.Lock()
+	if st.mayFree && !st.kept && st.refs == 0 {
+		// A Manager.Close closed it before this: freeOwned ran already.
+		st.mu.Unlock()
+		release()
+		return b, nil
+	}
+	st.unhold = release
+	st.mu.Unlock()
+	return b, nil
 }
 
 // RegisterDevice registers device (GPU) memory on every backend, through

@@ -222,7 +222,7 @@ func OutgoingShm(m *Manager) [2]int {
 // SetLeftSlotLimits sets, for t's life, how many slots of the first shm
 // endpoint's map peers may leave taken before m replaces it (leftBudget,
 // leftLimit).
-func SetLeftSlotLimits(t interface{ Cleanup(func()) }, budget, limit int64) {
+func SetLeftSlotLimits(t interface{ Cleanup(func()) }, budget, limit int) {
 	oldBudget, oldLimit := leftBudget, leftLimit
 	leftBudget, leftLimit = budget, limit
 	t.Cleanup(func() { leftBudget, leftLimit = oldBudget, oldLimit })
@@ -231,3 +231,7 @@ func SetLeftSlotLimits(t interface{ Cleanup(func()) }, budget, limit int64) {
 // FirstShmAddress is the address of m's first shm endpoint, the one
 // handles name.
 func FirstShmAddress(m *Manager) string { return m.backends().sameNode.Address() }
+
+// LeftSlots is how many slots of m's first shm endpoint's map its peers
+// left taken, as m counts them (libfabric.Route.LeaveSlots).
+func LeftSlots(m *Manager) int { return m.backends().sameNode.LeaveSlots(nil) }

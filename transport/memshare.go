@@ -16,6 +16,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/lifeline"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -135,17 +136,24 @@ type memPeers struct {
 func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 	var peer *memPeer
 	release := func() {}
-	var outs [][]byte // the peer's Outgoing shm endpoints (announceOut)
-	clean := false    // its manager closed with none of their ops in flight (announceClean)
+	var outs [][]byte            // the peer's Outgoing shm endpoints (announceOut)
+	var reached *libfabric.Route // the first shm endpoint they reached: the one when the peer announced shm
+	clean := false               // its manager closed with none of their ops in flight (announceClean)
+	pidfd := -1                  // the peer's, once it announced shm: to tell its death from a new verification
 	defer func() {
 		release()
 		if peer != nil {
 			m.memPeers.end(peer)
 		}
-		if clean {
-			m.releaseIncoming(outs, pid)
-		} else {
-			m.leaveSlots(m.backends().sameNode, len(outs))
+		switch {
+		case clean:
+			m.releaseIncoming(reached, outs, pid)
+		case len(outs) > 0 && pidfd >= 0:
+			m.leaveWhenGone(reached, outs, pidfd) // it closes pidfd
+			pidfd = -1
+		}
+		if pidfd >= 0 {
+			_ = unix.Close(pidfd)
 		}
 	}()
 	attended, reset := false, false
@@ -169,6 +177,10 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 		case n == 1 && req[0] == announceShm:
 			if !attended {
 				attended, release = true, m.attendSameNode()
+				reached = m.backends().sameNode
+				if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+					pidfd = fd // the connection is up: pid is its process, not a reused number
+				}
 			}
 		case n == 1 && req[0] == announceWake && attended:
 			m.wakeSameNode() // no answer: the peer reads nothing on this connection
@@ -177,9 +189,9 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			// the kernel names it; each is freed when the peer says it
 			// closed drained (announceDone), or as the connection ends
 			// after announceClean.
-			outs = m.noteOut(outs, req[1:], pid)
+			outs = m.noteOut(reached, outs, req[1:], pid)
 		case n > 1 && req[0] == announceDone && attended:
-			outs = m.doneOut(outs, req[1:], pid) // no answer
+			outs = m.doneOut(reached, outs, req[1:], pid) // no answer
 		case n == 1 && req[0] == announceClean && attended:
 			clean = true // no answer: the peer is closing
 		case string(req) == memCtlReq && peer == nil && m.linkOn:

@@ -6,7 +6,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 )
 
@@ -204,10 +207,9 @@ func (m *Manager) closeOutgoing(bufs []*bufState) bool {
 const maxOuts = 64
 
 // noteOut adds name, an Outgoing shm endpoint a peer (pid, as the kernel
-// names it) says its ops come from, to outs, the names its announcing
-// connection keeps, once each.
-func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
-	sn := m.backends().sameNode
+// names it) says its ops come from toward sn, to outs, the names its
+// announcing connection keeps, once each.
+func (m *Manager) noteOut(sn *libfabric.Route, outs [][]byte, name []byte, pid int) [][]byte {
 	if sn == nil || !sn.RecyclesSlots() || !libfabric.ShmNameOf(name, pid) || len(outs) >= maxOuts {
 		return outs
 	}
@@ -224,8 +226,7 @@ func (m *Manager) noteOut(outs [][]byte, name []byte, pid int) [][]byte {
 // one before itself only once no op holds it and no peer of it is in
 // use (libfabric.Route.Retire). A name still there is kept for the end
 // of the connection.
-func (m *Manager) doneOut(outs [][]byte, name []byte, pid int) [][]byte {
-	sn := m.backends().sameNode
+func (m *Manager) doneOut(sn *libfabric.Route, outs [][]byte, name []byte, pid int) [][]byte {
 	for i, o := range outs {
 		if string(o) == string(name) {
 			if sn != nil && sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), o, pid) {
@@ -248,9 +249,10 @@ func (m *Manager) doneOut(outs [][]byte, name []byte, pid int) [][]byte {
 // through the peer's slot (a freed one crashed owners in local CI). A
 // peer's manager ends the connection before it closes its endpoints:
 // each is looked at again every releaseEvery, for up to releaseWait, on a
-// goroutine of its own (maxReleasers at once; past them, once).
-func (m *Manager) releaseIncoming(names [][]byte, pid int) {
-	sn := m.backends().sameNode
+// goroutine of its own (maxReleasers at once; past them, once). sn is
+// the first shm endpoint the peer's connection began with: the one its
+// endpoints reached.
+func (m *Manager) releaseIncoming(sn *libfabric.Route, names [][]byte, pid int) {
 	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
 		return
 	}
@@ -266,7 +268,7 @@ func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 	if m.releasers.Add(1) > maxReleasers {
 		m.releasers.Add(-1)
 		try()
-		m.leaveSlots(sn, len(names))
+		m.leaveSlots(sn, names)
 		return
 	}
 	go func() {
@@ -276,7 +278,7 @@ func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 				return
 			}
 			if time.Now().After(end) {
-				m.leaveSlots(sn, len(names))
+				m.leaveSlots(sn, names)
 				return
 			}
 		}
@@ -303,30 +305,69 @@ func (m *Manager) releaseIncoming(names [][]byte, pid int) {
 // shm for them as late as is safe; what stays below 256 is room for
 // slots nobody counted (a peer killed before it named its endpoint).
 var (
-	leftBudget int64 = 192
-	leftLimit  int64 = 240
+	leftBudget = 192
+	leftLimit  = 240
 )
 
-// leaveSlots counts n slots of sn's map that peer endpoints left taken,
-// and replaces sn when too many are (rotateIfFull).
-func (m *Manager) leaveSlots(sn *libfabric.Route, n int) {
-	if sn == nil || n == 0 || !sn.RecyclesSlots() {
+// leaveWhenGone records names, endpoints of a peer whose connection ended
+// with no word that they closed clean, as leaving their slots of sn's map
+// taken (leaveSlots) once the peer is known gone: its process exited
+// (pidfd, which it closes), or those endpoints closed (their region files
+// are gone) with their ops in flight. It looks every releaseEvery for up
+// to releaseWait, on a goroutine of its own (maxReleasers at once; past
+// them, once). A peer still there then ended the connection to verify
+// this manager again: its next connection speaks for those endpoints.
+func (m *Manager) leaveWhenGone(sn *libfabric.Route, names [][]byte, pidfd int) {
+	if sn == nil || !sn.RecyclesSlots() {
+		_ = unix.Close(pidfd)
 		return
 	}
-	left := sn.LeaveSlots(n)
-	m.log.Debug().Int("slots", n).Int64("left", left).Str("endpoint", sn.Address()).Msg("a peer left slots of the shm map taken")
+	gone := func() bool { return proc.PidfdExited(pidfd) || libfabric.ShmRegionsGone(names) }
+	if gone() {
+		_ = unix.Close(pidfd)
+		m.leaveSlots(sn, names)
+		return
+	}
+	if m.releasers.Add(1) > maxReleasers {
+		m.releasers.Add(-1) // past them: not counted, as a name a peer never gave
+		_ = unix.Close(pidfd)
+		return
+	}
+	go func() {
+		defer m.releasers.Add(-1)
+		defer unix.Close(pidfd)
+		for end := time.Now().Add(releaseWait); !m.closing.Load() && time.Now().Before(end); time.Sleep(releaseEvery) {
+			if gone() {
+				m.leaveSlots(sn, names)
+				return
+			}
+		}
+	}()
+}
+
+// leaveSlots records names, endpoints of a peer whose connection ended
+// with no word that they closed clean, as leaving their slots of sn's map
+// taken (libfabric.Route.LeaveSlots: only those whose region this process
+// maps count, once each, until a later release frees them), and replaces
+// sn when too many are (rotateIfFull).
+func (m *Manager) leaveSlots(sn *libfabric.Route, names [][]byte) {
+	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
+		return
+	}
+	left := sn.LeaveSlots(names)
+	m.log.Debug().Int("names", len(names)).Int("left", left).Str("endpoint", sn.Address()).Msg("a peer left slots of the shm map taken")
 	m.rotateIfFull(sn)
 }
 
-// rotateIfFull replaces sn, the first shm endpoint, when its peers left
-// too many slots of its map taken (leftBudget, leftLimit); one
+// rotateIfFull replaces sn, while it is the first shm endpoint, when its
+// peers left too many slots of its map taken (leftBudget, leftLimit); one
 // replacement at a time. The old endpoint closes once no peer attends
 // it, or after releaseWait.
 func (m *Manager) rotateIfFull(sn *libfabric.Route) {
-	if sn == nil || !sn.RecyclesSlots() {
+	if sn == nil || !sn.RecyclesSlots() || sn.Retired.Load() || m.backends().sameNode != sn {
 		return
 	}
-	left, attending := sn.LeaveSlots(0), int64(sn.Attending())
+	left, attending := sn.LeaveSlots(nil), sn.Attending()
 	idle := left >= leftBudget && attending == 0
 	crowded := left >= leftBudget/4 && left+attending >= leftLimit
 	if !idle && !crowded || !m.rotating.CompareAndSwap(nil, sn) {

@@ -683,7 +683,7 @@ func TestStuckShmEndpointIsReplaced(t *testing.T) {
 func TestOwnerReplacesAnShmEndpointPeersLeftFull(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
-		budget, limit int64
+		budget, limit int
 		live          bool
 	}{
 		{"idle", 3, 100, false},
@@ -744,6 +744,13 @@ func TestOwnerReplacesAnShmEndpointPeersLeftFull(t *testing.T) {
 				assert.ErrorContains(t, err, "has replaced since", "the live peer's handle names the old endpoint too")
 				require.NoError(t, live.Transfer("read", 0, fresh.Remote()), "and it reaches a buffer registered since")
 			}
+			// The peers that verify again after the replacement leave
+			// their old connections unclean, toward the old endpoint:
+			// nothing of theirs counts against the new one (a review saw
+			// each replacement charge the live peers to the next, and
+			// replace it in turn).
+			assert.Zero(t, transport.LeftSlots(owner), "slots left on the new endpoint")
+			assert.NotEqual(t, first, transport.FirstShmAddress(owner))
 		})
 	}
 }
@@ -924,5 +931,14 @@ func TestRegisteredMemoryIsNotFreed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = m.Register(mem, mr.Access(0x80))
 	require.Error(t, err)
+	require.NoError(t, mr.Free(mem), "a registration refused holds nothing")
+
+	// Refused once registered on a backend: it deregisters there first
+	// (a review found Register panicking on this path).
+	memOnly := newManager(t, transport.WithProviders("mem"))
+	mem, err = mr.Alloc(4096)
+	require.NoError(t, err)
+	_, err = memOnly.Register(mem, mr.RemoteWrite)
+	require.ErrorIs(t, err, transport.ErrNoRoute, "mem shares no write-only buffer")
 	require.NoError(t, mr.Free(mem), "a registration refused holds nothing")
 }

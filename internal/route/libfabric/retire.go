@@ -148,13 +148,29 @@ func (r *Route) mapFull(name []byte) error {
 	return fmt.Errorf("%w: %s; close the manager and open a new one", errclass.ErrBlocked, what)
 }
 
-// LeaveSlots counts n slots of shm's map that peer endpoints which
-// reached r by themselves left taken for r's life (ReleaseIncoming never
-// ran for them: killed, or closed with ops in flight), and returns how
-// many so far. On a route that RecyclesSlots (2.x) a full map (256)
-// gives the next peer a slot in use (smr_map_add, whose check is an
-// assert), and the endpoint then serves none of its peers.
-func (r *Route) LeaveSlots(n int) int64 { return r.left.Add(int64(n)) }
+// LeaveSlots records names, peer endpoints that reached r by themselves
+// and whose slots of shm's map nothing may free for now (ReleaseIncoming
+// did not run for them: killed, closed with ops in flight, or gone to
+// verify again), among those that this process maps the region of, as
+// the kernel says (a name no op brought here takes no slot); it returns
+// how many such slots are taken, each name once, until ReleaseIncoming
+// frees it. On a route that RecyclesSlots (2.x) a full map (256) gives
+// the next peer a slot in use (smr_map_add, whose check is an assert),
+// and the endpoint then serves none of its peers.
+func (r *Route) LeaveSlots(names [][]byte) int {
+	mapped := shmRegionsMapped(names)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, name := range names {
+		if mapped[i] {
+			if r.left == nil {
+				r.left = map[string]bool{}
+			}
+			r.left[string(name)] = true
+		}
+	}
+	return len(r.left)
+}
 
 // ReleaseIncoming frees the slot of shm's map that the peer endpoint
 // name took when it reached this endpoint by itself (its handshake), and
@@ -187,6 +203,7 @@ func (r *Route) ReleaseIncoming(ctx context.Context, deadline time.Time, name []
 		}
 		if _, err := r.loop.Endpoint().Peer(name); err == nil {
 			r.loop.Endpoint().ForgetPeer(name)
+			delete(r.left, string(name))
 		}
 	})
 	return true

@@ -1,9 +1,12 @@
 package libfabric
 
 import (
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -101,4 +104,21 @@ func TestMapAddsCounts(t *testing.T) {
 	}
 	r.Retire(func() {})
 	require.False(t, r.Admit(owner.EndpointName(), 1000), "a retiring route admits nothing")
+}
+
+// TestLeaveSlots: only names whose region this process maps count as
+// slots left taken (a peer may name endpoints that never came here), each
+// once; a release of the name takes it off.
+func TestLeaveSlots(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	r := openWith(t, fabric.BackendSHM, shmHints())
+	peer := openWith(t, fabric.BackendSHM, shmHints())
+	p, err := r.Peer(peer.EndpointName()) // r maps peer's region
+	require.NoError(t, err)
+	p.Done()
+	made := []byte(fmt.Sprintf("fi_shm://%d:%d:99\x00", os.Getpid(), os.Geteuid()))
+	assert.Zero(t, r.LeaveSlots([][]byte{made}), "a name no op brought here")
+	assert.Equal(t, 1, r.LeaveSlots([][]byte{peer.EndpointName(), made}))
+	assert.Equal(t, 1, r.LeaveSlots([][]byte{peer.EndpointName()}), "once each")
+	assert.Equal(t, 1, r.LeaveSlots(nil))
 }

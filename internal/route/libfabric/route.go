@@ -77,8 +77,8 @@ type Route struct {
 
 	recycles     bool // RecyclesSlots
 	scratchFreed atomic.Bool
-	inserts      atomic.Int64 // see MapAdds
-	left         atomic.Int64 // see LeaveSlots
+	inserts      atomic.Int64    // see MapAdds
+	left         map[string]bool // see LeaveSlots; under mu
 	// holds counts Hold; drainedHolds once the route drained (Retire).
 	holds atomic.Int64
 

@@ -110,6 +110,42 @@ func shmRegionExists(name []byte) bool {
 	return ok && int(st.Uid) == os.Geteuid()
 }
 
+// shmRegionsMapped reports, for each of names (shm endpoint names), whether
+// this process maps that endpoint's region (/dev/shm/PID:UID:INDEX, its
+// file deleted or not), by /proc/self/maps: what the kernel says this
+// process's shm maps hold, whatever peers said.
+func shmRegionsMapped(names [][]byte) []bool {
+	out := make([]bool, len(names))
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return out
+	}
+	mapped := map[string]bool{}
+	for _, l := range strings.Split(string(maps), "\n") {
+		if i := strings.Index(l, " /dev/shm/"); i >= 0 {
+			path := strings.TrimSuffix(strings.TrimSpace(l[i+1:]), " (deleted)")
+			mapped[strings.TrimPrefix(path, "/dev/shm/")] = true
+		}
+	}
+	for i, name := range names {
+		s, ok := strings.CutPrefix(shmText(name), shmPrefix)
+		out[i] = ok && s != "" && mapped[s]
+	}
+	return out
+}
+
+// ShmRegionsGone reports whether the region files of all of names (shm
+// endpoint names) are gone: their endpoints closed, or a manager removed
+// what a dead process left.
+func ShmRegionsGone(names [][]byte) bool {
+	for _, name := range names {
+		if shmRegionExists(name) {
+			return false
+		}
+	}
+	return true
+}
+
 // shmRegionGone is PeerBy's error for a peer whose region is gone: a
 // *progress.PeerGoneError, as every route's for a peer that is gone. Its
 // Op is the zero one: the caller, which knows the op, sets it.
