@@ -220,8 +220,8 @@ func OutgoingShm(m *Manager) [2]int {
 }
 
 // SetLeftSlotLimits sets, for t's life, how many slots of the first shm
-// endpoint's map peers may leave taken before m replaces it (leftBudget,
-// leftLimit).
+// endpoint's map peers may leave taken before a manager opened meanwhile
+// replaces it (leftBudget, leftLimit).
 func SetLeftSlotLimits(t interface{ Cleanup(func()) }, budget, limit int) {
 	oldBudget, oldLimit := leftBudget, leftLimit
 	leftBudget, leftLimit = budget, limit

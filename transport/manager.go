@@ -95,6 +95,9 @@ type Manager struct {
 	// rotating is the first shm endpoint being replaced because peers
 	// left its map full (rotateIfFull); nil when none is.
 	rotating atomic.Pointer[libfabric.Route]
+	// leftBudget, leftLimit: the package's when the manager opened
+	// (rotateIfFull).
+	leftBudget, leftLimit int
 }
 
 // backendSet is the manager's libfabric backends. It is replaced whole,
@@ -130,7 +133,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{}, closingBufs: map[uint64]*bufState{},
-		topo: topology.Tree{Root: "/sys"}, quit: make(chan struct{})}
+		topo: topology.Tree{Root: "/sys"}, quit: make(chan struct{}), leftBudget: leftBudget, leftLimit: leftLimit}
 	infos, err := m.discover()
 	if err != nil {
 		return nil, err

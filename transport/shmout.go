@@ -368,8 +368,8 @@ func (m *Manager) rotateIfFull(sn *libfabric.Route) {
 		return
 	}
 	left, attending := sn.LeaveSlots(nil), sn.Attending()
-	idle := left >= leftBudget && attending == 0
-	crowded := left >= leftBudget/4 && left+attending >= leftLimit
+	idle := left >= m.leftBudget && attending == 0
+	crowded := left >= m.leftBudget/4 && left+attending >= m.leftLimit
 	if !idle && !crowded || !m.rotating.CompareAndSwap(nil, sn) {
 		return
 	}

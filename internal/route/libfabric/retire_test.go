@@ -108,7 +108,8 @@ func TestMapAddsCounts(t *testing.T) {
 
 // TestLeaveSlots: only names whose region this process maps count as
 // slots left taken (a peer may name endpoints that never came here), each
-// once; a release of the name takes it off.
+// once. (ReleaseIncoming takes one off: TestOwnerReplacesAnShmEndpointPeersLeftFull
+// in transport sees the count stay at zero while peers verify again.)
 func TestLeaveSlots(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteSHM)
 	r := openWith(t, fabric.BackendSHM, shmHints())
