@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fitransfer/fitransfer/transport"
 )
 
 func TestDoctorText(t *testing.T) {
@@ -34,7 +36,7 @@ func TestDoctorText(t *testing.T) {
 	for _, l := range lines[section+1 : len(lines)-1] {
 		assert.True(t, strings.HasPrefix(l, "  ") || strings.HasPrefix(l, "memory → NIC: "), "unexpected line %q", l)
 	}
-	assert.Regexp(t, `backend-same-node +(cma|shm)`, out)
+	assert.Regexp(t, `backend-same-node +`+sameNodeBackend()+` `, out)
 	// No EFA here: tcp;ofi_rxm's one rail, without a PCI address.
 	assert.Regexp(t, `(?m)^rails: 1 of tcp;ofi_rxm \(`, out)
 	assert.Contains(t, out, "fi_info gives no PCI address")
@@ -59,7 +61,7 @@ func TestDoctorJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &r))
 	assert.True(t, r.OK)
 	require.Len(t, r.Routes, 2)
-	assert.Contains(t, []string{"cma", "shm"}, r.Routes[0].Backend)
+	assert.Equal(t, sameNodeBackend(), r.Routes[0].Backend)
 	assert.NotEmpty(t, r.Routes[1].Reason)
 	assert.Equal(t, "tcp;ofi_rxm", r.Rails.Provider)
 	assert.Len(t, r.Rails.Rails, 1)
@@ -86,4 +88,17 @@ func TestUnknownCommand(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, `unknown command "frobnicate"`)
 	assert.Contains(t, stderr, "info, doctor")
+}
+
+// sameNodeBackend is the same-node route a manager here uses first toward
+// a verified owner: mem where it shares memory, else cma where
+// process_vm_* reaches its peers, else shm.
+func sameNodeBackend() string {
+	if ok, _ := transport.MemAvailable(); ok {
+		return "mem"
+	}
+	if ok, _ := transport.CMAAvailable(); ok {
+		return "cma"
+	}
+	return "shm"
 }

@@ -122,6 +122,12 @@ func Run(o Options) Report {
 			"shm when CMA does not reach a peer (" + sameNode.Reason + ")"
 		sameNode.Backend = "cma"
 	}
+	if ok, _ := transport.MemAvailable(); ok && sameNode.Backend != "" {
+		// What transport does first toward a verified owner (the mem route).
+		sameNode.Reason = "a verified process of this user maps the owner's mr.Alloc memory and copies, no syscall per op; " +
+			"for memory it does not share, " + sameNode.Backend + ": " + sameNode.Reason
+		sameNode.Backend = "mem"
+	}
 	remote := route(infos, fabric.Remote, o.Policy, facts)
 	r.Routes = []Route{sameNode, remote}
 	for _, rt := range r.Routes {

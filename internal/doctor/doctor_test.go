@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,6 +53,10 @@ func TestRunOnThisMachine(t *testing.T) {
 	}
 	assert.True(t, r.OK, r.Verdict)
 	assert.Equal(t, Pass, checks["backend-same-node"].Status)
+	if ok, _ := transport.MemAvailable(); ok {
+		assert.True(t, strings.HasPrefix(checks["backend-same-node"].Detail, "mem — "), "what transport uses first: %s", checks["backend-same-node"].Detail)
+		assert.Contains(t, r.Verdict, "same node over mem")
+	}
 	if ok, _ := transport.CMAAvailable(); ok {
 		assert.Contains(t, checks["backend-same-node"].Detail, "cma")
 	} else {
