@@ -234,4 +234,4 @@ func FirstShmAddress(m *Manager) string { return m.backends().sameNode.Address()
 
 // LeftSlots is how many slots of m's first shm endpoint's map its peers
 // left taken, as m counts them (libfabric.Route.LeaveSlots).
-func LeftSlots(m *Manager) int { return m.backends().sameNode.LeaveSlots(nil) }
+func LeftSlots(m *Manager) int { return m.backends().sameNode.LeftSlots() }

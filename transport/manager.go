@@ -90,7 +90,7 @@ type Manager struct {
 	nextID      atomic.Uint64
 	// shmOutClosed counts the Outgoing shm endpoints closed (shmout.go).
 	shmOutClosed atomic.Int64
-	// releasers counts releaseIncoming's goroutines.
+	// releasers counts lookAgain's goroutines.
 	releasers atomic.Int64
 	// rotating is the first shm endpoint being replaced because peers
 	// left its map full (rotateIfFull); nil when none is.

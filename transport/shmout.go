@@ -256,7 +256,7 @@ func (m *Manager) releaseIncoming(sn *libfabric.Route, names [][]byte, pid int) 
 	if sn == nil || len(names) == 0 || !sn.RecyclesSlots() {
 		return
 	}
-	try := func() {
+	m.lookAgain(func() bool {
 		left := names[:0]
 		for _, name := range names {
 			if !sn.ReleaseIncoming(context.Background(), time.Now().Add(retiredWait), name, pid) {
@@ -264,24 +264,33 @@ func (m *Manager) releaseIncoming(sn *libfabric.Route, names [][]byte, pid int) 
 			}
 		}
 		names = left
-	}
+		return len(names) == 0
+	}, func(done bool) {
+		if !done && !m.closing.Load() {
+			m.leaveSlots(sn, names) // nothing will free them now
+		}
+	})
+}
+
+// lookAgain calls try until it reports true: every releaseEvery, for up
+// to releaseWait, on a goroutine of its own (maxReleasers at once; past
+// them, once, here), and no more once the manager closes. Then it calls
+// then with try's last answer.
+func (m *Manager) lookAgain(try func() bool, then func(done bool)) {
 	if m.releasers.Add(1) > maxReleasers {
 		m.releasers.Add(-1)
-		try()
-		m.leaveSlots(sn, names)
+		then(try())
 		return
 	}
 	go func() {
 		defer m.releasers.Add(-1)
+		done := false
 		for end := time.Now().Add(releaseWait); !m.closing.Load(); time.Sleep(releaseEvery) {
-			if try(); len(names) == 0 {
-				return
-			}
-			if time.Now().After(end) {
-				m.leaveSlots(sn, names)
-				return
+			if done = try(); done || time.Now().After(end) {
+				break
 			}
 		}
+		then(done)
 	}()
 }
 
@@ -313,36 +322,21 @@ var (
 // with no word that they closed clean, as leaving their slots of sn's map
 // taken (leaveSlots) once the peer is known gone: its process exited
 // (pidfd, which it closes), or those endpoints closed (their region files
-// are gone) with their ops in flight. It looks every releaseEvery for up
-// to releaseWait, on a goroutine of its own (maxReleasers at once; past
-// them, once). A peer still there then ended the connection to verify
-// this manager again: its next connection speaks for those endpoints.
+// are gone) with their ops in flight (lookAgain). A peer still there then
+// ended the connection to verify this manager again: its next connection
+// speaks for those endpoints.
 func (m *Manager) leaveWhenGone(sn *libfabric.Route, names [][]byte, pidfd int) {
 	if sn == nil || !sn.RecyclesSlots() {
 		_ = unix.Close(pidfd)
 		return
 	}
-	gone := func() bool { return proc.PidfdExited(pidfd) || libfabric.ShmRegionsGone(names) }
-	if gone() {
-		_ = unix.Close(pidfd)
-		m.leaveSlots(sn, names)
-		return
-	}
-	if m.releasers.Add(1) > maxReleasers {
-		m.releasers.Add(-1) // past them: not counted, as a name a peer never gave
-		_ = unix.Close(pidfd)
-		return
-	}
-	go func() {
-		defer m.releasers.Add(-1)
-		defer unix.Close(pidfd)
-		for end := time.Now().Add(releaseWait); !m.closing.Load() && time.Now().Before(end); time.Sleep(releaseEvery) {
-			if gone() {
-				m.leaveSlots(sn, names)
-				return
-			}
+	m.lookAgain(func() bool {
+		if !proc.PidfdExited(pidfd) && !libfabric.ShmRegionsGone(names) {
+			return false
 		}
-	}()
+		m.leaveSlots(sn, names)
+		return true
+	}, func(bool) { _ = unix.Close(pidfd) })
 }
 
 // leaveSlots records names, endpoints of a peer whose connection ended
@@ -367,7 +361,7 @@ func (m *Manager) rotateIfFull(sn *libfabric.Route) {
 	if sn == nil || !sn.RecyclesSlots() || sn.Retired.Load() || m.backends().sameNode != sn {
 		return
 	}
-	left, attending := sn.LeaveSlots(nil), sn.Attending()
+	left, attending := sn.LeftSlots(), sn.Attending()
 	idle := left >= m.leftBudget && attending == 0
 	crowded := left >= m.leftBudget/4 && left+attending >= m.leftLimit
 	if !idle && !crowded || !m.rotating.CompareAndSwap(nil, sn) {
@@ -387,7 +381,7 @@ func (m *Manager) rotateIfFull(sn *libfabric.Route) {
 	}()
 }
 
-// releaseEvery, releaseWait, maxReleasers: see releaseIncoming.
+// releaseEvery, releaseWait, maxReleasers: see lookAgain.
 const (
 	releaseEvery = 20 * time.Millisecond
 	releaseWait  = 10 * time.Second

@@ -172,6 +172,13 @@ func (r *Route) LeaveSlots(names [][]byte) int {
 	return len(r.left)
 }
 
+// LeftSlots is how many slots LeaveSlots counts as taken now.
+func (r *Route) LeftSlots() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.left)
+}
+
 // ReleaseIncoming frees the slot of shm's map that the peer endpoint
 // name took when it reached this endpoint by itself (its handshake), and
 // unmaps its region, once that endpoint closed: its region file is gone.

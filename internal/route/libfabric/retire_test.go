@@ -121,5 +121,5 @@ func TestLeaveSlots(t *testing.T) {
 	assert.Zero(t, r.LeaveSlots([][]byte{made}), "a name no op brought here")
 	assert.Equal(t, 1, r.LeaveSlots([][]byte{peer.EndpointName(), made}))
 	assert.Equal(t, 1, r.LeaveSlots([][]byte{peer.EndpointName()}), "once each")
-	assert.Equal(t, 1, r.LeaveSlots(nil))
+	assert.Equal(t, 1, r.LeftSlots())
 }
