@@ -599,11 +599,10 @@ const stuckCall = time.Second
 
 // acquireToAbort takes the drive lock for a waiter whose request ended,
 // giving up with errBusy when a call holds it too long (abortWait on a
-// passive loop, whose calls may never return; stuckCall elsewhere), or
-// with errFinished, having taken j's done signal, when j finished
-// meanwhile: a loop that is not passive holds the lock through Close's
-// shutdown, which fails every job as it begins and then drains for up
-// to shutdownDrain.
+// passive loop, whose calls may never return; stuckCall elsewhere) or
+// the loop is closing, or with errFinished, having taken j's done
+// signal, when j finished meanwhile (Close's shutdown fails a job with
+// nothing in flight as it begins).
 func (l *Loop) acquireToAbort(j *Job) error {
 	if l.passive {
 		return l.acquireWithin(abortWait)
@@ -621,6 +620,13 @@ func (l *Loop) acquireToAbort(j *Job) error {
 		case <-j.done:
 			return errFinished
 		default:
+		}
+		if l.closing.Load() {
+			// Close's shutdown holds the lock, or will: it ends a job
+			// with chunks in flight only once they can move no more,
+			// after its drain (up to shutdownDrain) and the endpoint's
+			// close. The waiter leaves the job to it instead of waiting.
+			return errBusy
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
@@ -1783,7 +1789,9 @@ func (l *Loop) drain(d time.Duration) {
 }
 
 // shutdown fails every unfinished job, closes the endpoint and then
-// settles every job, in flight or not. Under the drive lock.
+// settles every job, in flight or not; a job with ops in flight is
+// failed (its waiter woken) only once they completed in the drain or the
+// endpoint is closed. Under the drive lock.
 func (l *Loop) shutdown() {
 	seen := map[*Job]bool{}
 	var jobs []*Job
@@ -1809,10 +1817,20 @@ func (l *Loop) shutdown() {
 	before := l.beforeClose
 	l.mu.Unlock()
 	for _, j := range jobs {
-		if !j.finished {
-			j.stopPosting = true
-			l.finish(j, ErrClosed)
+		if j.finished {
+			continue
 		}
+		j.stopPosting = true
+		if j.inflight == 0 {
+			l.finish(j, ErrClosed)
+			continue
+		}
+		// Its waiter hears of the close only once nothing of it can
+		// move any more: when the drain below completed its ops
+		// (maybeFinish), or after the endpoint is closed. Woken now, it
+		// would return while the drain's reads still moved its bytes
+		// into the caller's memory.
+		j.Errs = append(j.Errs, ErrClosed)
 	}
 	unsafeClose := l.port.unsafeToCloseInFlight()
 	if l.inflight > 0 && unsafeClose {
@@ -1844,6 +1862,11 @@ func (l *Loop) shutdown() {
 	l.port.close()
 	l.inCall.Store(0)
 	l.down = true
+	for _, j := range jobs {
+		if !j.finished {
+			l.finish(j, nil) // ErrClosed is among its errors already
+		}
+	}
 	l.active, l.running = nil, nil
 	for _, j := range jobs {
 		j.inflight = 0

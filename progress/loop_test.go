@@ -34,6 +34,7 @@ type fakePort struct {
 	accept   int // ops one post takes at most; 0: all
 	failNext fabric.Errno
 	auto     bool          // every pending op completes at the next reap
+	autoIf   func() bool   // as auto, at a reap where it returns true (called under the loop's drive lock)
 	slow     time.Duration // each reap takes this long (tcp moving megabytes inside fi_cq_read)
 	rng      *rand.Rand
 	gate     chan struct{} // when set, the next post blocks until it is closed
@@ -115,7 +116,7 @@ func (f *fakePort) reap() ([]uint32, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.auto && len(f.pending) > 0 {
+	if (f.auto || f.autoIf != nil && f.autoIf()) && len(f.pending) > 0 {
 		n := len(f.pending)
 		if f.rng != nil {
 			n = 1 + f.rng.IntN(n)
@@ -687,12 +688,14 @@ func TestShutdownDrainIsNoWedge(t *testing.T) {
 
 // TestCloseEndsAWaiterAbortingItsJob: a waiter whose context ended while
 // a call held the endpoint (a Do here) waits for the drive lock to abort
-// its job. When Close's shutdown takes the lock before it, the shutdown
-// fails the job as it begins, and the waiter returns then, not after the
-// drain and the endpoint's close (held here until the waiter returned):
-// until this test it returned 0.7-1.1 s past its context's end. The lock
-// goes to the waiter or to the shutdown, which is the race; each round
-// must end in time either way.
+// its job. Once Close began, it leaves the job to the shutdown and
+// returns a Left timeout instead of waiting for the lock: the shutdown
+// ends a job with an op in flight (this one's never completes) only
+// after the drain and the endpoint's close, held here until the waiter
+// returned. Until this test it returned 0.7-1.1 s past its context's
+// end, and then, once the shutdown failed jobs as it began, before the
+// shutdown's drain that still moved its bytes
+// (TestCloseWakesAWaiterOnlyAfterTheDrain).
 func TestCloseEndsAWaiterAbortingItsJob(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		f := newFakePort()
@@ -701,6 +704,7 @@ func TestCloseEndsAWaiterAbortingItsJob(t *testing.T) {
 		j := job(1, nil) // posted, never completes
 		j.Start, j.Deadline = time.Now(), time.Now().Add(time.Hour)
 		require.NoError(t, l.Submit(j))
+		require.Eventually(t, func() bool { return f.inFlight() == 1 }, 10*time.Second, time.Millisecond)
 
 		holding, release := make(chan struct{}), make(chan struct{})
 		go func() { _ = l.Do(func() { close(holding); <-release }) }()
@@ -714,27 +718,80 @@ func TestCloseEndsAWaiterAbortingItsJob(t *testing.T) {
 		inBefore, closeOn := make(chan struct{}), make(chan struct{})
 		closed := make(chan error, 1)
 		go func() { closed <- l.Close(func() { close(inBefore); <-closeOn }) }()
-		require.Eventually(t, l.Closing, 10*time.Second, time.Millisecond)
-		close(release)
-		select {
-		case <-inBefore:
-		case <-waited:
-			close(closeOn) // the waiter took the lock first: nothing to see this round
-			require.NoError(t, <-closed)
-			continue
-		case <-time.After(10 * time.Second):
-			t.Fatal("neither the shutdown nor the waiter went on")
-		}
 		select {
 		case err := <-waited:
-			require.NoError(t, err, "round %d", i)
-			require.NotEmpty(t, j.Errs)
+			var te *TimeoutError
+			require.ErrorAs(t, err, &te, "round %d", i)
+			assert.True(t, te.Left, "round %d: the job is the shutdown's", i)
+			assert.ErrorIs(t, err, context.Canceled)
 		case <-time.After(10 * time.Second):
-			close(closeOn)
-			t.Fatalf("round %d: the waiter waits out the shutdown", i)
+			t.Fatalf("round %d: the waiter waits for the shutdown", i)
 		}
+		close(release)
+		<-inBefore
 		close(closeOn)
 		require.NoError(t, <-closed)
+		// The loop ended the left job: a round that ran before the
+		// shutdown expired it, or the shutdown failed it.
+		require.True(t, isDone(j), "round %d: the left job never ended", i)
+		require.NotEmpty(t, j.Errs)
+	}
+}
+
+// TestCloseWakesAWaiterOnlyAfterTheDrain: on an endpoint that is unsafe
+// to close with ops in flight (1.x's tcp;ofi_rxm), Close's shutdown
+// drains, reaping (and so progressing the provider, which moves the ops'
+// bytes) for up to shutdownDrain. It failed every job with ErrClosed
+// first, waking its waiter: a ReadInto that returned ErrClosed saw about
+// 1 MiB land in its destination afterwards, on 1.17. A job with an op in
+// flight now ends once its ops completed in the drain or the endpoint is
+// closed. From a review; it failed 3 of 3 before.
+func TestCloseWakesAWaiterOnlyAfterTheDrain(t *testing.T) {
+	for _, completes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("completes=%v", completes), func(t *testing.T) {
+			f := newFakePort()
+			f.unsafeClose = true
+			l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, WedgeAfter: time.Hour}, zerolog.Nop())
+			go l.run()
+			var idle atomic.Int32
+			j := job(1, &idle)
+			j.Start = time.Now()
+			require.NoError(t, l.Submit(j))
+			require.Eventually(t, func() bool { return f.inFlight() == 1 }, 10*time.Second, time.Millisecond)
+
+			waited := make(chan error, 1)
+			go func() { waited <- l.Wait(context.Background(), j) }()
+			inBefore, closeOn := make(chan struct{}), make(chan struct{})
+			closed := make(chan error, 1)
+			go func() { closed <- l.Close(func() { close(inBefore); <-closeOn }) }()
+			if completes {
+				// The drain's reap completes the op, and no round before it.
+				f.mu.Lock()
+				f.autoIf = func() bool { return l.deferSettle }
+				f.mu.Unlock()
+			}
+			<-inBefore
+			if completes {
+				require.NoError(t, <-waited, "woken when its op completed in the drain")
+				assert.Zero(t, f.inFlight())
+			} else {
+				select {
+				case err := <-waited:
+					t.Fatalf("Wait returned %v while its op was still with the provider", err)
+				default:
+				}
+			}
+			completed := l.completed.Load()
+			close(closeOn)
+			require.NoError(t, <-closed)
+			if !completes {
+				require.NoError(t, <-waited, "woken once the endpoint was closed (abandoned here)")
+			}
+			assert.Equal(t, completed, l.completed.Load(), "nothing completed after Wait returned")
+			require.NotEmpty(t, j.Errs)
+			assert.ErrorIs(t, j.Errs[0], ErrClosed)
+			assert.Equal(t, int32(1), idle.Load())
+		})
 	}
 }
 
