@@ -81,14 +81,19 @@ func (s *Scratch) get(ctx context.Context, deadline time.Time) (uint32, error) {
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
+	var cause error
 	select {
 	case i := <-s.slots:
 		return i, nil
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		cause = ctx.Err()
 	case <-t.C:
-		return 0, fmt.Errorf("handle check: %w: all %d scratch slots stayed busy until the deadline", context.DeadlineExceeded, cap(s.slots))
+		cause = context.DeadlineExceeded
 	}
+	// A timeout of the request, in the vocabulary every route answers
+	// with, before anything of it moved; its caller fills in the op.
+	return 0, &progress.TimeoutError{Cause: cause, Awaiting: fmt.Sprintf(
+		"a free slot for its handle check (all %d were taken by earlier checks, toward owners that have not answered them)", cap(s.slots))}
 }
 
 func (s *Scratch) put(i uint32) { s.slots <- i }
