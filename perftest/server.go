@@ -435,6 +435,11 @@ func (s *Server) answerPingPong(ctx context.Context, conn *bootstrap.Conn, buf *
 			return fmt.Errorf("the pingpong buffer is at %q, not at the client's address %s: serve writes only to its client", rt.Host, client)
 		}
 	}
+	// Every answer goes where the check above looked: with the whole
+	// handle, an answer would route again, and once a same-node owner
+	// it named had gone, take the handle's tcp endpoint, which nobody
+	// checked (a third host, from an attacker's review).
+	peer = peer.Via(rt)
 	poll := pollRoute(s.m, rt)
 	if peer.Len() < size {
 		return fmt.Errorf("client buffer of %d bytes is smaller than the %d-byte pingpong", peer.Len(), size)

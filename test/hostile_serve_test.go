@@ -4,11 +4,15 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +22,7 @@ import (
 	"github.com/fitransfer/fitransfer/bootstrap"
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/testenv"
+	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/perftest"
 	"github.com/fitransfer/fitransfer/transport"
@@ -315,4 +320,100 @@ func TestServeTellsPingPongIntoClosedBuffer(t *testing.T) {
 	_, err = c.Expect(bootstrap.TypeDone, 15*time.Second)
 	require.Error(t, err, "serve said it answered a pingpong into a closed buffer")
 	assert.Contains(t, err.Error(), "stale or altered handle")
+}
+
+// TestServeWritesOnlyWhereItChecked is an attacker's pingpong whose
+// client buffer handle names a same-node owner of serve's uid (a
+// process of the test here; any short-lived fitransfer process would
+// do), verified, with the owner's tcp endpoint pointed at a third host
+// (a listener of the test on 127.0.0.2). serve checks the route once,
+// over mem to the owner. Once the owner has exited, serve's next answer
+// routed the whole handle again and took its tcp endpoint: the attacker
+// saw 49,854 connections from serve at the third host in 5 s. serve now
+// answers over the route it checked only (RemoteBuffer.Via): the answer
+// fails, serve says so and keeps serving, and nothing reaches the third
+// host. (A killed owner, which serve finds gone on the route it
+// remembers, showed nothing: the owner exits normally here.)
+func TestServeWritesOnlyWhereItChecked(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	third, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	defer third.Close()
+	var reached atomic.Int64
+	go func() {
+		for {
+			c, err := third.Accept()
+			if err != nil {
+				return
+			}
+			reached.Add(1)
+			_ = c.Close()
+		}
+	}()
+	_, portText, _ := net.SplitHostPort(third.Addr().String())
+	port, err := strconv.Atoi(portText)
+	require.NoError(t, err)
+
+	addr, srv := startLocalServerCmd(t, "--size", "1m", "--timeout", "3s")
+	owner := testpeer.Start(t, testenv.RouteMem, testenv.RouteTCP)
+	const size, ownerSize = 4096, 3 << 12 // a size of its own: serve's mapping of it tells when serve let it go
+	forged, err := alter(t, owner.Register(ownerSize, mr.ReadWrite, 0), func(top map[string]any, eps []map[string]any) {
+		e := endpointOf(eps, testenv.RouteTCP)
+		name, err := base64.StdEncoding.DecodeString(e["name"].(string))
+		require.NoError(t, err)
+		require.Equal(t, byte(2), name[0], "an AF_INET name") // sockaddr_in: family, port, address
+		binary.BigEndian.PutUint16(name[2:4], uint16(port))
+		copy(name[4:8], net.ParseIP("127.0.0.2").To4())
+		e["name"] = base64.StdEncoding.EncodeToString(name)
+	})
+	require.NoError(t, err)
+	fh, err := forged.MarshalBinary()
+	require.NoError(t, err)
+
+	attacker := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(5*time.Second))
+	c, server := hello(t, addr, attacker, bootstrap.ModePingPong, fh)
+	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: 2}))
+	ping, pingMem := register(t, attacker, size, 0)
+	head, err := server.Slice(0, size)
+	require.NoError(t, err)
+
+	// Round 1, with the owner alive: serve checks the route (mem) and
+	// answers over it, into the owner's buffer.
+	pingMem[size-1] = perftest.Marker(1)
+	require.NoError(t, attacker.WriteFrom(context.Background(), head, ping))
+	require.Eventually(t, func() bool { return owner.Get(0, size-1, 1)[0] == perftest.Marker(1) }, 15*time.Second, time.Millisecond,
+		"serve's first answer never reached the owner")
+	require.Equal(t, 1, memfdMappings(t, srv.Process.Pid, ownerSize), "serve maps the owner's buffer")
+
+	// Round 2, once the owner exited and serve let its buffer go: serve's
+	// next answer routes the handle again.
+	owner.Close()
+	require.Eventually(t, func() bool { return memfdMappings(t, srv.Process.Pid, ownerSize) == 0 }, 15*time.Second, time.Millisecond,
+		"serve still maps the buffer of an owner that exited")
+	pingMem[size-1] = perftest.Marker(2)
+	require.NoError(t, attacker.WriteFrom(context.Background(), head, ping))
+	_, err = c.Expect(bootstrap.TypeDone, 30*time.Second)
+	require.Error(t, err, "serve answered into an owner that had exited")
+	assert.Contains(t, err.Error(), "pingpong 2")
+	assert.Zero(t, reached.Load(), "serve's answers reached the third host")
+	out, err := exec.Command(fitransferBin, "read", addr, "-S", "4k", "-I", "10", "-v").CombinedOutput()
+	require.NoError(t, err, "serve keeps serving: %s", out)
+}
+
+// memfdMappings counts the mappings of fitransfer's memfds of size bytes
+// in process pid.
+func memfdMappings(t *testing.T, pid int, size uint64) int {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	require.NoError(t, err)
+	n := 0
+	for _, l := range strings.Split(string(maps), "\n") {
+		var lo, hi uint64
+		if strings.Contains(l, "/memfd:fitransfer") {
+			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
+				n++
+			}
+		}
+	}
+	return n
 }

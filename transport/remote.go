@@ -2,8 +2,11 @@ package transport
 
 import (
 	"fmt"
+	"net"
 	"sync/atomic"
 
+	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -81,6 +84,37 @@ func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
 	s.off += off
 	s.n = n
 	return s, nil
+}
+
+// Via returns r with only the endpoints a transfer may take on rt, the
+// route Manager.Route gave for r: rt's backend and, where rt names a host
+// (tcp;ofi_rxm), that host's. A caller that checked where r's traffic
+// goes (a server that writes only to its client, say) transfers with
+// r.Via(rt): should that route go away later (its same-node owner gone,
+// or no longer verified), the transfer then fails instead of taking
+// another endpoint the handle names, which nobody checked. A route
+// within this process (memcpy) keeps r as it is.
+func (r RemoteBuffer) Via(rt Route) RemoteBuffer {
+	if rt.Backend == string(fabric.BackendMemcpy) {
+		return r
+	}
+	host := net.ParseIP(rt.Host)
+	out := r
+	out.eps = nil
+	for _, ep := range r.eps {
+		if ep.provider != rt.Backend {
+			continue
+		}
+		if rt.Host != "" {
+			hp := libfabric.SockaddrHostPort(ep.name)
+			h, _, err := net.SplitHostPort(hp)
+			if hp == "" || err != nil || !net.ParseIP(h).Equal(host) {
+				continue
+			}
+		}
+		out.eps = append(out.eps, ep)
+	}
+	return out
 }
 
 // railEP is the owner's endpoint on provider's rail, or nil.
