@@ -69,10 +69,12 @@ type Server struct {
 	stopping bool                         // ctx ended: sessions end at once
 	admitted int                          // sessions holding a buffer
 	inUse    uint64                       // bytes of their buffers
-	// kept: bytes of session buffers whose Close failed (a peer still
-	// copied with one, or an endpoint kept its registration): never freed,
-	// so they count against MaxMemory for good.
+	// kept: bytes of session buffers whose Close failed for good (a peer
+	// still copied with one, or an endpoint kept its registration): never
+	// freed, so they count against MaxMemory for good. held: those whose
+	// Close left ops with the provider, until they end (Released).
 	kept    uint64
+	held    uint64
 	pending chan struct{} // a place per client not yet admitted
 }
 
@@ -264,10 +266,18 @@ func (s *Server) admit() error {
 	switch {
 	case s.cfg.MaxSessions > 0 && s.admitted >= s.cfg.MaxSessions:
 		return fmt.Errorf("%w: %d sessions in progress (--max-sessions %d); try again later", ErrBusy, s.admitted, s.cfg.MaxSessions)
-	case s.cfg.MaxMemory > 0 && s.inUse+s.kept+s.size > s.cfg.MaxMemory:
+	case s.cfg.MaxMemory > 0 && s.inUse+s.kept+s.held+s.size > s.cfg.MaxMemory:
+		past, after := "", "try again later"
+		if s.held > 0 {
+			past += fmt.Sprintf(", %d more stay with buffers of past sessions until the provider is done with the ops they left (toward stopped or unreachable peers: see the log)", s.held)
+		}
 		if s.kept > 0 {
-			return fmt.Errorf("%w: %d sessions hold %d bytes and %d more stay with buffers past sessions could not free (a peer still copied with them: see the log), and another %d would pass --max-memory %d; restart the server to get them back",
-				ErrBusy, s.admitted, s.inUse, s.kept, s.size, s.cfg.MaxMemory)
+			past += fmt.Sprintf(", %d more stay with buffers past sessions could not free (a peer still copied with them: see the log)", s.kept)
+			after = "restart the server to get them back"
+		}
+		if past != "" {
+			return fmt.Errorf("%w: %d sessions hold %d bytes%s, and another %d would pass --max-memory %d; %s",
+				ErrBusy, s.admitted, s.inUse, past, s.size, s.cfg.MaxMemory, after)
 		}
 		return fmt.Errorf("%w: %d sessions hold %d bytes, and another %d would pass --max-memory %d; try again later",
 			ErrBusy, s.admitted, s.inUse, s.size, s.cfg.MaxMemory)
@@ -342,21 +352,37 @@ func (s *Server) session(ctx context.Context, conn *bootstrap.Conn, admitted fun
 	}
 	s.infof("client %s: %s session (its endpoints inserted on %v)", conn.RemoteAddr(), hello.Mode, over)
 	defer s.infof("client %s: session ended", conn.RemoteAddr())
-	mem, err := mr.Alloc(int(s.size))
+	buf, err := s.m.Alloc(int(s.size), mr.ReadWrite)
 	if err != nil {
 		return fail(err)
 	}
-	buf, err := s.m.Register(mem, mr.ReadWrite)
-	if err != nil {
-		_ = mr.Free(mem)
-		return fail(err)
-	}
+	mem := buf.Bytes()
 	defer func() {
-		if err := release(buf, mem); err != nil {
-			s.logf("client %s: %v", conn.RemoteAddr(), err)
-			s.mu.Lock()
-			s.kept += s.size // the buffer stays: it still counts
-			s.mu.Unlock()
+		err := buf.Close()
+		if err == nil {
+			return
+		}
+		s.logf("client %s: %v", conn.RemoteAddr(), err)
+		// The buffer stays, and still counts: for good when a peer still
+		// copied with it (or its registration stayed on a stuck
+		// endpoint), else until the provider is done with the ops this
+		// session left with it (a stopped peer's).
+		var inUse *transport.InUseError
+		forGood := !errors.As(err, &inUse) || len(inUse.Peers) > 0
+		s.mu.Lock()
+		if forGood {
+			s.kept += s.size
+		} else {
+			s.held += s.size
+		}
+		s.mu.Unlock()
+		if !forGood {
+			go func() {
+				<-buf.Released()
+				s.mu.Lock()
+				s.held -= s.size
+				s.mu.Unlock()
+			}()
 		}
 	}()
 	h, err := buf.Remote().MarshalBinary()

@@ -373,7 +373,7 @@ func TestServeWritesOnlyWhereItChecked(t *testing.T) {
 
 	attacker := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(5*time.Second))
 	c, server := hello(t, addr, attacker, bootstrap.ModePingPong, fh)
-	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: size, Iters: 2}))
+	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: uint64(size), Iters: 2}))
 	ping, pingMem := register(t, attacker, size, 0)
 	head, err := server.Slice(0, size)
 	require.NoError(t, err)
@@ -414,6 +414,83 @@ func memfdMappings(t *testing.T, pid int, size uint64) int {
 				n++
 			}
 		}
+	}
+	return n
+}
+
+// TestServeFreesBuffersItsStalledAnswersHeld: a pingpong client names a
+// buffer of another process of its own (reached over tcp, at the
+// client's address), and stops that process after the first round:
+// serve's next answer cannot complete, and the session buffer's Close
+// gives up after --timeout with the answer's ops still with the
+// provider. serve counted such a buffer against --max-memory for good: a
+// remote client with no token could fill the cap, and serve answered
+// "server busy" until restarted (an attacker's review). It now counts it
+// until the provider is done with those ops: once the stopped process
+// dies, they fail, the buffer is freed, and a new client is served.
+func TestServeFreesBuffersItsStalledAnswersHeld(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	// More than loopback's socket buffers can take in, or the answer
+	// would complete without the target.
+	size := socketBuffersMax(t) + 8<<20
+	served := fmt.Sprint(2 * size)
+	addr := startLocalServer(t, "--size", served, "--max-memory", served, "--timeout", "1s", "-p", "tcp")
+	target := testpeer.Start(t, testenv.RouteTCP)
+	h := target.Register(size, mr.ReadWrite, 0)
+	th, err := h.MarshalBinary()
+	require.NoError(t, err)
+
+	client := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(5*time.Second))
+	c, server := hello(t, addr, client, bootstrap.ModePingPong, th)
+	require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypePingPong, Size: uint64(size), Iters: 2}))
+	ping, pingMem := register(t, client, size, 0)
+	head, err := server.Slice(0, uint64(size))
+	require.NoError(t, err)
+	pingMem[size-1] = perftest.Marker(1)
+	require.NoError(t, client.WriteFrom(context.Background(), head, ping))
+	require.Eventually(t, func() bool { return target.Get(0, uint64(size)-1, 1)[0] == perftest.Marker(1) }, 15*time.Second, time.Millisecond,
+		"serve's first answer never reached the target")
+
+	target.Stop()
+	pingMem[size-1] = perftest.Marker(2)
+	require.NoError(t, client.WriteFrom(context.Background(), head, ping))
+	_, err = c.Expect(bootstrap.TypeDone, 30*time.Second)
+	require.Error(t, err, "serve's answer into a stopped process completed")
+	_ = c.Close()
+
+	busy := func() string {
+		out, err := exec.Command(fitransferBin, "read", addr, "-p", "tcp", "-S", "4k", "-I", "1").CombinedOutput()
+		if err == nil {
+			return ""
+		}
+		return string(out)
+	}
+	var said string
+	if !assert.Eventually(t, func() bool {
+		said = busy()
+		return strings.Contains(said, "until the provider is done with the ops they left")
+	}, 30*time.Second, 10*time.Millisecond) {
+		t.Fatalf("serve does not count the buffer its answer left with the provider as such; it said: %q", said)
+	}
+	assert.NotContains(t, said, "restart the server")
+
+	target.Kill()
+	require.Eventually(t, func() bool { return busy() == "" }, 30*time.Second, 20*time.Millisecond,
+		"serve never freed the buffer once the stopped target died")
+}
+
+// socketBuffersMax is what tcp's receive and send buffers of one
+// connection may hold at most (tcp_rmem's and tcp_wmem's largest sizes).
+func socketBuffersMax(t *testing.T) int {
+	n := 0
+	for _, f := range []string{"/proc/sys/net/ipv4/tcp_rmem", "/proc/sys/net/ipv4/tcp_wmem"} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		fields := strings.Fields(string(b))
+		require.Len(t, fields, 3, f)
+		v, err := strconv.Atoi(fields[2])
+		require.NoError(t, err)
+		n += v
 	}
 	return n
 }

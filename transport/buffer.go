@@ -54,6 +54,11 @@ type bufState struct {
 	// kept: a peer still copied with the memory when Close stopped
 	// waiting; it is never freed. Under mu.
 	kept bool
+	// released: freeOwned found the registrations closed and no transfer
+	// holding the memory; releasedCh is Released's, made on demand and
+	// closed then. Under mu.
+	released   bool
+	releasedCh chan struct{}
 	// mayFree: the registrations are closed (freeOwned's callers close
 	// them first), so the last transfer's Unref may free owned memory.
 	// Until then a freed page could still take a peer's write through
@@ -271,7 +276,7 @@ func (b *Buffer) Remote() RemoteBuffer {
 // Close waits for them, up to the manager's timeout (WithTimeout). If they
 // are still in flight then, it returns an *InUseError: the registration
 // stays until they end or the manager closes, and the memory must not be
-// freed before Manager.Close returns. When a registration stays on an
+// freed before Released is closed. When a registration stays on an
 // endpoint stuck inside libfabric (ErrEndpointWedged), the memory must
 // not be freed at all; a later Close says so again. Otherwise closing
 // twice, or after the manager closed, is a no-op.
@@ -328,6 +333,27 @@ func (b *Buffer) Close() error {
 		e.Waited = wait
 	}
 	return e
+}
+
+// Released is closed once the buffer is closed (by its Close or the
+// manager's) and nothing uses its memory any more: its registrations are
+// closed and no transfer holds it. A Manager.Alloc buffer's memory is
+// freed then, and memory the caller registered may be freed or reused.
+// After a Close that returned an *InUseError it closes when the
+// transfers left with the provider end; it never closes for memory kept
+// for good: a peer still copied with it (InUseError.Peers), or a
+// registration stayed on an endpoint stuck inside libfabric.
+func (b *Buffer) Released() <-chan struct{} {
+	st := b.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.releasedCh == nil {
+		st.releasedCh = make(chan struct{})
+		if st.released {
+			close(st.releasedCh)
+		}
+	}
+	return st.releasedCh
 }
 
 // AddStuck counts transfers holding the buffer whose ops may never
@@ -532,6 +558,16 @@ func (st *bufState) freeOwned() {
 	}
 	if free {
 		_ = mr.Free(st.mem)
+	}
+	if done {
+		st.mu.Lock()
+		if !st.released { // once: the last Unref and deregister may both get here
+			st.released = true
+			if st.releasedCh != nil {
+				close(st.releasedCh)
+			}
+		}
+		st.mu.Unlock()
 	}
 }
 

@@ -205,5 +205,5 @@ func (e *InUseError) Error() string {
 		why = "still have ops in flight that may never complete (their peer died or their endpoint is blocked)"
 	}
 	return fmt.Sprintf("buffer %d: %d transfer(s) %s; the registration stays until they complete, "+
-		"so do not free or reuse the memory before Manager.Close returns", e.Buffer, e.Transfers, why)
+		"so do not free or reuse the memory before its Released is closed (Manager.Close closes it too)", e.Buffer, e.Transfers, why)
 }

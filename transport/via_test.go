@@ -48,3 +48,34 @@ func TestVia(t *testing.T) {
 		})
 	}
 }
+
+// TestReleased: Released closes once the buffer is closed and nothing
+// uses its memory (at once for an idle one, whoever closed it), and not
+// before. The case it is for, a Close that left ops with the provider,
+// is test.TestServeFreesBuffersItsStalledAnswersHeld.
+func TestReleased(t *testing.T) {
+	m, err := transport.New(context.Background(), transport.WithProviders(testenv.RouteTCP))
+	require.NoError(t, err)
+	a, err := m.Alloc(4096, mr.ReadWrite)
+	require.NoError(t, err)
+	b := register(t, m, alloc(t, 4096), mr.ReadWrite)
+	c := register(t, m, alloc(t, 4096), mr.ReadWrite)
+	early := c.Released() // made before the close
+	for _, buf := range []*transport.Buffer{a, b, c} {
+		select {
+		case <-buf.Released():
+			t.Fatal("released while open")
+		default:
+		}
+	}
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.NoError(t, m.Close()) // closes c
+	for _, ch := range []<-chan struct{}{a.Released(), b.Released(), early} {
+		select {
+		case <-ch:
+		default:
+			t.Fatal("not released after its close")
+		}
+	}
+}
