@@ -74,6 +74,18 @@ type memPeer struct {
 	released bool
 	page     []byte
 	uses     mem.Uses
+	// dev and ino name the use page's file (0, 0: unknown): a process
+	// that still maps it may still mark an op in it (stillMaps).
+	dev, ino uint64
+}
+
+// stillMaps reports whether the peer's process still maps its use page,
+// as the kernel shows: until it unmaps it, an op of its own that held
+// the link before the link ended may still mark the page (its ops end
+// the link, then free the page once the last of them ends). An unknown
+// file counts as mapped. Under p.mu (read).
+func (p *memPeer) stillMaps() bool {
+	return p.ino == 0 || proc.Maps(p.pid, p.dev, p.ino)
 }
 
 // dead reports whether the process exited: its marks no longer count.
@@ -93,11 +105,16 @@ func (p *memPeer) busy(slot uint32) bool {
 	return !p.released && p.uses.InUse(slot) && !p.dead()
 }
 
-// droppable reports whether the peer's marks can no longer count.
+// droppable reports whether the peer's marks can no longer count: it
+// exited, or it marks nothing and no longer maps the page. Idle alone is
+// not enough: the connection's end does not tell that the peer stopped
+// using the link (the owner ends it too, replacing its shm endpoint:
+// dropPeers), and an op that marked the page after the owner dropped it
+// would copy through a Buffer.Close that no longer looks at the page.
 func (p *memPeer) droppable() bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.released || p.dead() || idle(p.uses)
+	return p.released || p.dead() || idle(p.uses) && !p.stillMaps()
 }
 
 func (p *memPeer) release() {
@@ -232,6 +249,10 @@ func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
 	}
 	useFD, ok1, err1 := mr.File(page, false)
 	gensFD, ok2, err2 := mr.File(m.guard.gens, true)
+	var st unix.Stat_t
+	if err1 == nil && ok1 && unix.Fstat(useFD, &st) == nil {
+		p.dev, p.ino = st.Dev, st.Ino
+	}
 	if err1 != nil || err2 != nil || !ok1 || !ok2 {
 		p.release()
 		for _, fd := range []int{useFD, gensFD} {
@@ -310,8 +331,8 @@ func memAnswer(c *net.UnixConn, status byte, why string, size uint64, echo []byt
 }
 
 // end drops a peer whose connection ended, unless its marks may still
-// count: a live process that left a mark keeps its page until it exits
-// or clears it (prune).
+// count: a live process that left a mark, or still maps its page, keeps
+// it until it exits, or clears the mark and unmaps the page (prune).
 func (ps *memPeers) end(p *memPeer) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()

@@ -136,3 +136,40 @@ func TestMemCopyAfterLinkEnded(t *testing.T) {
 		})
 	}
 }
+
+// TestEndedPeerKeptWhileItMapsItsPage: an owner whose peer's connection
+// ended keeps reading the peer's use page, for Buffer.Close's waits,
+// while the peer process lives and maps it, even with no op marked: the
+// end does not tell that the peer stopped using the link (the owner ends
+// it itself when it replaces its shm endpoint, dropPeers), and an op
+// that marked the page after the owner let it go copied through a
+// Close that no longer looked (from an attacker's review). It lets the
+// page go once the process unmaps it. This process stands in for the
+// peer, and another of its mappings for the page the peer maps.
+func TestEndedPeerKeptWhileItMapsItsPage(t *testing.T) {
+	mapped, err := mr.Alloc(4096) // the peer's mapping of its use page
+	require.NoError(t, err)
+	fd, ok, err := mr.File(mapped, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	_ = unix.Close(fd)
+
+	page, err := mr.Alloc(useSlots * 4)
+	require.NoError(t, err)
+	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
+	require.NoError(t, err)
+	p := &memPeer{pid: os.Getpid(), pidfd: pidfd, page: page, uses: mem.UsesOf(page), dev: st.Dev, ino: st.Ino}
+	ps := &memPeers{list: []*memPeer{p}}
+	ps.end(p)
+	require.False(t, p.released, "the page of a live peer that maps it was let go at its connection's end")
+	require.Len(t, ps.ended, 1)
+
+	require.NoError(t, mr.Free(mapped))
+	ps.mu.Lock()
+	ps.prune()
+	ps.mu.Unlock()
+	require.True(t, p.released, "kept after the peer unmapped its page")
+	require.Empty(t, ps.ended)
+}

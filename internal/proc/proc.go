@@ -5,7 +5,9 @@ package proc
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
+	"os"
 	"strconv"
 	"syscall"
 
@@ -82,4 +84,31 @@ func PidfdExited(pidfd int) bool {
 	fds := [1]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds[:], 0)
 	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
+}
+
+// Maps reports whether process pid maps the file whose device and inode
+// (as fstat gives them) are dev and ino, by its /proc/PID/maps. An owner
+// asks it of a peer's use page: a peer that still maps the page may still
+// mark ops in it. It reports true when the maps cannot be read (unless
+// the process is gone): the caller then keeps assuming the mapping.
+func Maps(pid int, dev, ino uint64) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		gone, _ := Gone(pid)
+		return !gone
+	}
+	// "start-end perms offset MAJ:MIN inode path": the device in hex.
+	want := fmt.Sprintf(" %02x:%02x %d ", unix.Major(dev), unix.Minor(dev), ino)
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if bytes.Contains(line, []byte(want)) {
+			return true
+		}
+	}
+	return false
 }
