@@ -384,12 +384,12 @@ func TestServeWritesOnlyWhereItChecked(t *testing.T) {
 	require.NoError(t, attacker.WriteFrom(context.Background(), head, ping))
 	require.Eventually(t, func() bool { return owner.Get(0, size-1, 1)[0] == perftest.Marker(1) }, 15*time.Second, time.Millisecond,
 		"serve's first answer never reached the owner")
-	require.Equal(t, 1, memfdMappings(t, srv.Process.Pid, ownerSize), "serve maps the owner's buffer")
+	require.Equal(t, 1, testenv.MemfdMappings(t, srv.Process.Pid, ownerSize), "serve maps the owner's buffer")
 
 	// Round 2, once the owner exited and serve let its buffer go: serve's
 	// next answer routes the handle again.
 	owner.Close()
-	require.Eventually(t, func() bool { return memfdMappings(t, srv.Process.Pid, ownerSize) == 0 }, 15*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.MemfdMappings(t, srv.Process.Pid, ownerSize) == 0 }, 15*time.Second, time.Millisecond,
 		"serve still maps the buffer of an owner that exited")
 	pingMem[size-1] = perftest.Marker(2)
 	require.NoError(t, attacker.WriteFrom(context.Background(), head, ping))
@@ -399,23 +399,6 @@ func TestServeWritesOnlyWhereItChecked(t *testing.T) {
 	assert.Zero(t, reached.Load(), "serve's answers reached the third host")
 	out, err := exec.Command(fitransferBin, "read", addr, "-S", "4k", "-I", "10", "-v").CombinedOutput()
 	require.NoError(t, err, "serve keeps serving: %s", out)
-}
-
-// memfdMappings counts the mappings of fitransfer's memfds of size bytes
-// in process pid.
-func memfdMappings(t *testing.T, pid int, size uint64) int {
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-	require.NoError(t, err)
-	n := 0
-	for _, l := range strings.Split(string(maps), "\n") {
-		var lo, hi uint64
-		if strings.Contains(l, "/memfd:fitransfer") {
-			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
-				n++
-			}
-		}
-	}
-	return n
 }
 
 // TestServeFreesBuffersItsStalledAnswersHeld: a pingpong client names a

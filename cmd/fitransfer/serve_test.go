@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -90,7 +89,7 @@ func TestServeCountsBuffersItCouldNotFree(t *testing.T) {
 	t.Cleanup(func() { _ = cli.Process.Kill(); _ = cli.Wait() })
 	// Mapped: its own buffer and serve's, each a 16 MiB memfd. Its copies
 	// begin then, and take most of each op from then on.
-	require.Eventually(t, func() bool { return memfdMappings(t, cli.Process.Pid, 16<<20) == 2 }, 30*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.MemfdMappings(t, cli.Process.Pid, 16<<20) == 2 }, 30*time.Second, time.Millisecond,
 		"the client did not map serve's buffer (the mem route): %s", errb.String())
 	require.NoError(t, cli.Process.Signal(syscall.SIGSTOP))
 	if !assert.Eventually(t, func() bool { return strings.Contains(srvErr.String(), "still copy with its memory") }, 30*time.Second, 10*time.Millisecond,
@@ -104,23 +103,6 @@ func TestServeCountsBuffersItCouldNotFree(t *testing.T) {
 	assert.NotEqual(t, exitOK, code)
 	assert.Contains(t, stderr, "server busy")
 	assert.Contains(t, stderr, "stay with buffers past sessions could not free")
-}
-
-// memfdMappings counts the mappings of fitransfer's memfds of size bytes
-// in process pid.
-func memfdMappings(t *testing.T, pid int, size uint64) int {
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-	require.NoError(t, err)
-	n := 0
-	for _, l := range strings.Split(string(maps), "\n") {
-		var lo, hi uint64
-		if strings.Contains(l, "/memfd:fitransfer") {
-			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
-				n++
-			}
-		}
-	}
-	return n
 }
 
 // TestServeDropsSilentClients: a client that connects and says nothing is

@@ -122,3 +122,24 @@ func cmaMissing(cmaEnv, scopeFile string) string {
 	}
 	return ""
 }
+
+// MemfdMappings counts the mappings of fitransfer's memfds (mr.Alloc's)
+// of size bytes in process pid: a test's readiness signal that a process
+// mapped a buffer (the mem route), or let it go.
+func MemfdMappings(t testing.TB, pid int, size uint64) int {
+	t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(maps), "\n") {
+		var lo, hi uint64
+		if strings.Contains(l, "/memfd:fitransfer") {
+			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
+				n++
+			}
+		}
+	}
+	return n
+}
