@@ -151,10 +151,16 @@ type TimeoutError struct {
 	// nothing moved. Only Cause is set then.
 	NotStarted bool
 	// Left: the endpoint was inside a libfabric call that had not
-	// returned when the deadline came, so the job was left to its
-	// progress loop, which ends it when the call returns; Completed is not
-	// known then (0).
+	// returned when the deadline came, or was closing (Closing), so the
+	// job was left to its progress loop, which ends it when the call
+	// returns or the close is done; until then its chunks in flight may
+	// still move data. Completed is not known then (0).
 	Left bool
+	// Closing: Left because the endpoint was closing (its manager's
+	// Close, or a rail's replacement), which ends the chunks in flight
+	// once its drain (1.x tcp;ofi_rxm: up to 500 ms) and the endpoint's
+	// close are done.
+	Closing bool
 	// Awaiting is what the request was waiting for when its deadline came
 	// or its context ended, when that was not its chunks but an answer
 	// it needs before it may post any (a same-node owner's verification,
@@ -190,7 +196,12 @@ func (e *TimeoutError) Error() string {
 	}
 	s := fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: %d of %d chunks completed",
 		e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Completed, e.Total)
-	if e.Left {
+	switch {
+	case e.Left && e.Closing:
+		s = fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: the endpoint was closing, "+
+			"and what of the transfer's %d chunks is in flight stays with it until its close is done",
+			e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Total)
+	case e.Left:
 		s = fmt.Sprintf("%s of %d bytes with %s over %s %s after %v: the endpoint was inside a libfabric call that had not returned, "+
 			"and the transfer's %d chunks stay with it until it does",
 			e.Op, e.Bytes, e.Peer, e.Provider, verb, e.After.Round(time.Millisecond), e.Total)

@@ -312,9 +312,11 @@ var ErrJobBusy = errors.New("job submitted again before it settled")
 // the start: it kicks the goroutine and watches for its job, then parks.
 // When ctx ends first, the job is finished with a *TimeoutError; chunks
 // still in flight stay registered until they complete. It returns nil
-// with the job finished, or a *WedgedError when the endpoint is stuck
-// inside libfabric: the job then stays the loop's, which ends it before
-// posting any more of it should the call return, and must not be reused.
+// with the job finished; a *TimeoutError with Left set when the job's end
+// came while a call held the endpoint or the loop was closing; or a
+// *WedgedError when the endpoint is stuck inside libfabric. A left job
+// stays the loop's, which ends it before posting any more of it, and
+// must not be reused.
 func (l *Loop) Wait(ctx context.Context, j *Job) error {
 	select {
 	case <-j.done:
@@ -485,7 +487,7 @@ func (l *Loop) waitPassive(ctx context.Context, j *Job) error {
 			l.leave(j, gen, cause)
 			// Only what the loop does not write: the job is its.
 			return &TimeoutError{Op: j.Op, Provider: l.port.provider(), Peer: j.PeerName, Bytes: j.Bytes(),
-				After: time.Since(j.Start), Total: len(j.Chunks), Cause: cause, Left: true}
+				After: time.Since(j.Start), Total: len(j.Chunks), Cause: cause, Left: true, Closing: l.closing.Load()}
 		}
 		l.leave(j, gen, err) // wedged: as above
 		return err
@@ -941,10 +943,13 @@ func (l *Loop) do(fn func()) error {
 	return nil
 }
 
-// Close fails the jobs not yet finished with ErrClosed, runs
-// beforeEndpointClose (if not nil) with the endpoint to itself — the place
-// to close memory registrations, which must go before their endpoint —
-// then closes the endpoint and stops the loop. Closing twice is a no-op.
+// Close fails the jobs not yet finished with ErrClosed — one with ops in
+// flight once they can move no more: completed in the drain (endpoints
+// unsafe to close with ops in flight), or after the endpoint's close —
+// runs beforeEndpointClose (if not nil) with the endpoint to itself — the
+// place to close memory registrations, which must go before their
+// endpoint — then closes the endpoint and stops the loop. Closing twice
+// is a no-op.
 // When a libfabric call on the endpoint has not returned for the policy's
 // WedgeAfter, it returns that *WedgedError instead of waiting forever: the
 // endpoint and what it uses are then left to the goroutine stuck in it.

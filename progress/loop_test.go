@@ -723,6 +723,8 @@ func TestCloseEndsAWaiterAbortingItsJob(t *testing.T) {
 			var te *TimeoutError
 			require.ErrorAs(t, err, &te, "round %d", i)
 			assert.True(t, te.Left, "round %d: the job is the shutdown's", i)
+			assert.True(t, te.Closing, "round %d: left to a close, not to a call", i)
+			assert.Contains(t, te.Error(), "the endpoint was closing")
 			assert.ErrorIs(t, err, context.Canceled)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("round %d: the waiter waits for the shutdown", i)

@@ -3,7 +3,9 @@ package transport_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -49,7 +51,11 @@ func TestNothingLandsAfterErrClosed(t *testing.T) {
 			}
 		}
 	}()
-	<-started // a 64 MiB read takes tens of milliseconds here: Close comes in its middle
+	<-started
+	// Close once the read is landing (a 64 MiB read takes tens of
+	// milliseconds here): its destination was cleared before it began.
+	require.Eventually(t, func() bool { return slices.ContainsFunc(mem[:4096], func(b byte) bool { return b != 0 }) },
+		10*time.Second, 10*time.Microsecond, "the read never began to land")
 	require.NoError(t, m.Close())
 	rerr := <-done
 	require.True(t, errors.Is(rerr, transport.ErrClosed), "%v", rerr)
