@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/internal/route"
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
@@ -147,6 +148,7 @@ func TestMemCopyAfterLinkEnded(t *testing.T) {
 // page go once the process unmaps it. This process stands in for the
 // peer, and another of its mappings for the page the peer maps.
 func TestEndedPeerKeptWhileItMapsItsPage(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem) // memfds a peer maps
 	mapped, err := mr.Alloc(4096) // the peer's mapping of its use page
 	require.NoError(t, err)
 	fd, ok, err := mr.File(mapped, false)

@@ -6,7 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -86,22 +88,35 @@ func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
 	return s, nil
 }
 
-// Via returns r with only the endpoints a transfer may take on rt, the
-// route Manager.Route gave for r: rt's backend and, where rt names a host
-// (tcp;ofi_rxm), that host's. A caller that checked where r's traffic
-// goes (a server that writes only to its client, say) transfers with
-// r.Via(rt): should that route go away later (its same-node owner gone,
-// or no longer verified), the transfer then fails instead of taking
-// another endpoint the handle names, which nobody checked. A route
-// within this process (memcpy) keeps r as it is.
+// Via returns r with only the endpoints a transfer may take where rt
+// goes, rt being the route Manager.Route gave for r (without an error).
+// On a same-node route, those are the handle's same-node endpoints (mem,
+// cma, shm), each used only toward the process the kernel verified; a
+// transfer may need any of them (device memory, or a mem link the owner
+// refused, takes cma or shm). On another route, they are the endpoints
+// of rt's backend and, where rt names a host (tcp;ofi_rxm), that host's.
+// A caller that checked where r's traffic goes (a server that writes only
+// to its client, say) transfers with r.Via(rt): should the owner go away
+// later, the transfer fails instead of taking another endpoint the handle
+// names, which nobody checked. A route within this process (memcpy)
+// keeps r as it is.
 func (r RemoteBuffer) Via(rt Route) RemoteBuffer {
 	if rt.Backend == string(fabric.BackendMemcpy) {
 		return r
+	}
+	sameNode := func(provider string) bool {
+		return provider == mem.Name || provider == cma.Name || provider == string(fabric.BackendSHM)
 	}
 	host := net.ParseIP(rt.Host)
 	out := r
 	out.eps = nil
 	for _, ep := range r.eps {
+		if sameNode(rt.Backend) {
+			if sameNode(ep.provider) {
+				out.eps = append(out.eps, ep)
+			}
+			continue
+		}
 		if ep.provider != rt.Backend {
 			continue
 		}

@@ -90,7 +90,9 @@ func PidfdExited(pidfd int) bool {
 // (as fstat gives them) are dev and ino, by its /proc/PID/maps. An owner
 // asks it of a peer's use page: a peer that still maps the page may still
 // mark ops in it. It reports true when the maps cannot be read (unless
-// the process is gone): the caller then keeps assuming the mapping.
+// the process is gone): the caller then keeps assuming the mapping. Only
+// mappings count, not open descriptors: a peer maps its use page as it
+// receives it, and never maps it again once it unmapped it.
 func Maps(pid int, dev, ino uint64) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {

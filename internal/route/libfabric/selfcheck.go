@@ -65,6 +65,10 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	// The waiter's hold; a loop that keeps the job (wedged) keeps its own.
 	defer x.Release()
 	if _, err := x.ReadEntry(ctx, deadline, mr.RemoteAddr(r.VirtAddr, s.tableAt, 0), s.TableKey()); err != nil {
+		var to *progress.TimeoutError
+		if errors.As(err, &to) { // the op's fields, which ReadEntry leaves to its caller
+			to.Op, to.Provider, to.Peer, to.After = progress.Read, string(r.Provider), "itself", time.Since(start)
+		}
 		return err
 	}
 	if err := x.Submit(); err != nil {
