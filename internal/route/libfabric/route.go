@@ -220,6 +220,7 @@ func (r *Route) Close() error { return r.CloseWith(nil) }
 // *progress.WedgedError of an endpoint stuck inside libfabric, which it
 // leaves behind.
 func (r *Route) CloseWith(beforeEndpointClose func()) error {
+	r.awaitPeersMapping(time.Now().Add(peersMappingWait))
 	return r.loop.Close(func() {
 		if beforeEndpointClose != nil {
 			beforeEndpointClose()
@@ -229,6 +230,11 @@ func (r *Route) CloseWith(beforeEndpointClose func()) error {
 		}
 	})
 }
+
+// peersMappingWait bounds how long a closing 1.x shm endpoint waits for
+// its peers to map its region (awaitPeersMapping): a peer that progresses
+// at all does so within milliseconds.
+const peersMappingWait = 500 * time.Millisecond
 
 // Closing reports whether the route's Close began.
 func (r *Route) Closing() bool { return r.loop.Closing() }
@@ -288,6 +294,8 @@ type Peer struct {
 	uses atomic.Int32
 	// forget: Forget found p in use; the last use's Done forgets it.
 	forget atomic.Bool
+	// sent: an op of this endpoint was aimed at p (awaitPeersMapping).
+	sent atomic.Bool
 	r      *Route
 }
 

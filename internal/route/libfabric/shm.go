@@ -7,9 +7,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -114,9 +116,14 @@ func shmRegionExists(name []byte) bool {
 // this process maps that endpoint's region (/dev/shm/PID:UID:INDEX, its
 // file deleted or not), by /proc/self/maps: what the kernel says this
 // process's shm maps hold, whatever peers said.
-func shmRegionsMapped(names [][]byte) []bool {
+func shmRegionsMapped(names [][]byte) []bool { return shmRegionsMappedBy("self", names) }
+
+// shmRegionsMappedBy is shmRegionsMapped for process proc ("self", or a
+// process id): whether it maps each of names' regions. All false when
+// its maps cannot be read.
+func shmRegionsMappedBy(proc string, names [][]byte) []bool {
 	out := make([]bool, len(names))
-	maps, err := os.ReadFile("/proc/self/maps")
+	maps, err := os.ReadFile("/proc/" + proc + "/maps")
 	if err != nil {
 		return out
 	}
@@ -206,4 +213,41 @@ func ShmPeerPID(name []byte) int {
 		return 0
 	}
 	return pid
+}
+
+// awaitPeersMapping waits, until deadline, for each live peer that this
+// libfabric 1.x shm endpoint sent an op to (Aim) to map the endpoint's
+// region, before the endpoint closes and unlinks the region's file. A
+// 1.x target maps an initiator's region when it first reads its
+// commands; one whose first command from this endpoint was still queued
+// then failed to map it, and crashed on that command in its progress
+// (smr_progress_iov reads the sender's missing region:
+// prov/shm/src/smr_progress.c, v1.17.0; seen when a peer closed its
+// manager 1 ms into a 128 MiB write, from a new user's review; a target
+// that mapped the region first never crashed). A peer that stays
+// stopped past deadline is left to that.
+func (r *Route) awaitPeersMapping(deadline time.Time) {
+	if r.Provider != fabric.BackendSHM || fabric.RuntimeVersion().Major() >= 2 {
+		return
+	}
+	r.mu.Lock()
+	var pids []int
+	for _, p := range r.peers {
+		if pid := ShmPeerPID(p.raw); p.sent.Load() && pid > 0 && pid != os.Getpid() {
+			pids = append(pids, pid)
+		}
+	}
+	r.mu.Unlock()
+	self := [][]byte{r.name}
+	for len(pids) > 0 && time.Now().Before(deadline) {
+		left := pids[:0]
+		for _, pid := range pids {
+			if gone, _ := proc.Gone(pid); !gone && !shmRegionsMappedBy(strconv.Itoa(pid), self)[0] {
+				left = append(left, pid)
+			}
+		}
+		if pids = left; len(pids) > 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
 }

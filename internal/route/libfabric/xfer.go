@@ -110,6 +110,9 @@ func (x *Xfer) Local() Holder { return x.local }
 // elsewhere). It sets the provider's liveness check.
 func (x *Xfer) Aim(p *Peer, op progress.Op, start, deadline time.Time, pid int) {
 	x.peer = p
+	if !p.sent.Load() {
+		p.sent.Store(true)
+	}
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = op, p.addr, p.name, start, deadline
 	switch x.r.Provider {
