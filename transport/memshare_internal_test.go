@@ -10,8 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/internal/route"
-	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/route/mem"
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/progress"
 )
@@ -149,7 +149,7 @@ func TestMemCopyAfterLinkEnded(t *testing.T) {
 // peer, and another of its mappings for the page the peer maps.
 func TestEndedPeerKeptWhileItMapsItsPage(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteMem) // memfds a peer maps
-	mapped, err := mr.Alloc(4096) // the peer's mapping of its use page
+	mapped, err := mr.Alloc(4096)             // the peer's mapping of its use page
 	require.NoError(t, err)
 	fd, ok, err := mr.File(mapped, false)
 	require.NoError(t, err)

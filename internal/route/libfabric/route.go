@@ -296,7 +296,7 @@ type Peer struct {
 	forget atomic.Bool
 	// sent: an op of this endpoint was aimed at p (awaitPeersMapping).
 	sent atomic.Bool
-	r      *Route
+	r    *Route
 }
 
 // Name is the peer's address, printable.
