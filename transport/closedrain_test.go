@@ -1,12 +1,14 @@
 package transport_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/internal/testenv"
@@ -69,4 +71,53 @@ func TestNothingLandsAfterErrClosed(t *testing.T) {
 		}
 	}
 	require.Zero(t, changed, "%d bytes of the destination (first at offset %d) changed after ReadInto returned %v", changed, first, rerr)
+}
+
+// TestCloseStopsCopies: Manager.Close during a read that this process
+// copies itself (mem, cma) returns only once the copy stopped, at its
+// next piece, and the read let go of its buffers: nothing lands in the
+// destination after Close returned, the read fails with ErrClosed (or
+// returned nil before), and mr.Free takes the memory at once. Close
+// returned within milliseconds while the copy went on: the read returned
+// nil 80 ms later, 29,505 more pages of its destination were written
+// after Close, and mr.Free refused the memory as still registered (a new
+// user's review). Each route runs twice: once comparing the destination
+// with what it held as Close returned, once freeing it at once.
+func TestCloseStopsCopies(t *testing.T) {
+	const size = 128 << 20
+	for _, prov := range []string{testenv.RouteMem, testenv.RouteCMA} {
+		for _, check := range []string{"bytes", "free"} {
+			t.Run(prov+"/"+check, func(t *testing.T) {
+				testenv.RequireRoute(t, prov)
+				owner := testpeer.Start(t, prov)
+				h := owner.Register(size, mr.ReadWrite, 7)
+				m, err := transport.New(context.Background(), transport.WithProviders(prov))
+				require.NoError(t, err)
+				mem, err := mr.Alloc(size)
+				require.NoError(t, err)
+				local, err := m.Register(mem, mr.ReadWrite)
+				require.NoError(t, err)
+				read := make(chan error, 1)
+				go func() { read <- m.ReadInto(context.Background(), local, h) }()
+				require.Eventually(t, func() bool { return slices.ContainsFunc(mem[:4096], func(b byte) bool { return b != 0 }) },
+					10*time.Second, 10*time.Microsecond, "the read never began to land")
+				require.NoError(t, m.Close())
+				if check == "free" {
+					// Refused while the read holds the buffer: never
+					// freed under a copy.
+					require.NoError(t, mr.Free(mem), "the memory of a closed manager's buffer")
+					if rerr := <-read; rerr != nil {
+						require.ErrorIs(t, rerr, transport.ErrClosed)
+					}
+					return
+				}
+				snap := bytes.Clone(mem)
+				if rerr := <-read; rerr != nil {
+					require.ErrorIs(t, rerr, transport.ErrClosed)
+				}
+				assert.True(t, bytes.Equal(snap, mem), "the destination changed after Close returned")
+				require.NoError(t, mr.Free(mem))
+			})
+		}
+	}
 }

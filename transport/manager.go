@@ -69,6 +69,12 @@ type Manager struct {
 	closing   atomic.Bool
 	quit      chan struct{}
 	closeOnce sync.Once
+	// copying counts the requests copying themselves (memcpy, cma, mem:
+	// their copy phase, counted under mu's read hold), and requests those
+	// under way from their hold of the manager to their release of its
+	// buffers: Close waits for both (awaitNone), so that after it no
+	// request of this manager touches memory, and mr.Free may take it.
+	copying, requests atomic.Int64
 	// down is set as Close begins: copies still running (mem) learn that
 	// their owner links end because this manager closes, not the owner.
 	down atomic.Bool
@@ -790,12 +796,14 @@ func (m *Manager) PollRoute(rt Route) {
 	}
 }
 
-// Close closes the manager: transfers still in flight fail with ErrClosed,
-// every buffer is deregistered, every endpoint closed, and the memory of
-// Manager.Alloc buffers freed (their Bytes must not be used after Close;
-// memory the caller registered stays the caller's, and mr.Free takes it
-// from then on). Later calls fail with ErrClosed. Closing twice is a
-// no-op. It returns an error wrapping ErrEndpointWedged for each endpoint
+// Close closes the manager: transfers still in flight fail with ErrClosed
+// (copies this process makes, mem and cma, stop at their next 4 MiB
+// piece, and Close waits for them and for the transfers to let go of
+// their buffers, up to the manager's timeout), every buffer is
+// deregistered, every endpoint closed, and the memory of Manager.Alloc
+// buffers freed (their Bytes must not be used after Close; memory the
+// caller registered stays the caller's, and mr.Free takes it from then
+// on). Later calls fail with ErrClosed. Closing twice is a no-op. It returns an error wrapping ErrEndpointWedged for each endpoint
 // stuck inside libfabric: Close does not wait for such a call, and leaves
 // the endpoint, its registrations and the memory they use to it (mr.Free
 // refuses that memory then: it would pull memory from under libfabric).
@@ -820,6 +828,9 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.down.Store(true)
 	m.mu.Unlock()
+	// Copies under way end at their next piece (their limit's Quit):
+	// none may run into the deregistrations below.
+	m.awaitNone(&m.copying, "copying")
 	if _, was := liveManagers.LoadAndDelete(m.id); was {
 		liveCount.Add(-1) // not for a New that failed before it counted m
 	}
@@ -862,6 +873,10 @@ func (m *Manager) Close() error {
 	for _, st := range bufs {
 		st.markClosed()
 	}
+	// The requests whose ops the closed loops failed let go of their
+	// buffers now: after that nothing holds them, and their memory may
+	// be freed (freeOwned below, or the caller's mr.Free).
+	m.awaitNone(&m.requests, "ending")
 	wedged := false
 	for _, b := range bs.all {
 		if !b.Stopped() {
@@ -883,6 +898,18 @@ func (m *Manager) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// awaitNone waits, for up to the manager's timeout, until n (copying or
+// requests) is 0; past it, it logs what it left. A request on a wedged
+// endpoint may stay until its own deadline.
+func (m *Manager) awaitNone(n *atomic.Int64, what string) {
+	for end := time.Now().Add(m.cfg.timeout); n.Load() > 0; time.Sleep(50 * time.Microsecond) {
+		if time.Now().After(end) {
+			m.log.Warn().Int64("requests", n.Load()).Str("state", what).Msg("closing: requests still under way after the timeout")
+			return
+		}
+	}
 }
 
 // registeredBufs lists the buffers of open that may hold registrations,

@@ -75,27 +75,34 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		return false, nil
 	}
 	mm, ok := h.take(op, local.st, r)
-	m.releaseManager()
 	if !ok {
+		m.releaseManager()
 		local.st.Unref()
 		return false, nil
 	}
 	l := h.link
 	defer l.drop()
-	lim := route.Limit{Ctx: ctx}
+	lim := route.Limit{Ctx: ctx, Quit: m.quit}
 	if r.n > route.Piece { // as execute: a copy of one piece never looks at the clock
 		times := reqTimes{ctx: ctx, timeout: m.cfg.timeout}
 		lim.Start, lim.Deadline = times.get()
 	}
 	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, r.eps[0].guard, h.peer, r.id)
 	local.st.Unref()
+	// Held through the copy, which ends at its next piece once Close
+	// began (Quit): Close's hold of the manager waits for it, so nothing
+	// copies after Close returned (the full path counts its copies:
+	// Manager.copying).
+	m.releaseManager()
 	switch {
 	case err == nil:
 		return true, nil
 	case linkEnded(err):
 		return false, nil // nothing moved: the full path dials again
 	}
-	return true, &TransferError{Op: kind, Bytes: r.n, Ops: 1, Failed: 1, Errs: []error{err}}
+	errs := []error{err}
+	m.closedErrs(errs)
+	return true, &TransferError{Op: kind, Bytes: r.n, Ops: 1, Failed: 1, Errs: errs}
 }
 
 // memo is m's remembered mem route of the handle r, or nil. Register puts

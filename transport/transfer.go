@@ -126,6 +126,8 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	if err := m.acquire(); err != nil {
 		return err
 	}
+	m.requests.Add(1)
+	defer m.requests.Add(-1) // after releaseOps, wherever the request ends
 	if err := m.prepare(ctx, &times, ops); err != nil {
 		m.releaseManager()
 		m.replaceStuckShm(err)
@@ -185,10 +187,14 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		}
 		o.submitted = true
 	}
+	copies := hasCopies(ops)
+	if copies {
+		m.copying.Add(1) // under the hold: a Close that has the manager waits for it
+	}
 	m.releaseManager()
 	nudgeLoops(ops)
 	// Same-manager and cma ops are copies, done while the others fly.
-	lim := route.Limit{Ctx: ctx}
+	lim := route.Limit{Ctx: ctx, Quit: m.quit}
 	if !copiesOnly(ops) {
 		lim.Start, lim.Deadline = times.get()
 	}
@@ -208,6 +214,9 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 	errs, cmaFailed = runCMA(lim, ops, errs)
 	errs, memFailed = m.runMem(lim, ops, errs)
 	failed += cmaFailed + memFailed
+	if copies {
+		m.copying.Add(-1)
+	}
 	attempted := 0
 	for i := range ops {
 		o := &ops[i]
@@ -416,6 +425,16 @@ func nudgeLoops(ops []opSpec) {
 			last = o.b
 		}
 	}
+}
+
+// hasCopies reports whether a request copies itself (memcpy, cma, mem).
+func hasCopies(ops []opSpec) bool {
+	for i := range ops {
+		if k := ops[i].kind; k == route.Memcpy || k == route.CMA || k == route.Mem {
+			return true
+		}
+	}
+	return false
 }
 
 // copiesOnly reports whether every op is a copy (same manager, mem) that

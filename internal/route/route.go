@@ -8,6 +8,8 @@ package route
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/fitransfer/fitransfer/progress"
@@ -66,11 +68,18 @@ type Route interface {
 type Limit struct {
 	Ctx             context.Context
 	Start, Deadline time.Time
+	// Quit, when closed, ends the request too: its manager is closing.
+	Quit <-chan struct{}
 }
 
-// Err is the context's error, or context.DeadlineExceeded once the
-// deadline passed, or nil.
+// Err is progress.ErrClosed once Quit is closed, the context's error, or
+// context.DeadlineExceeded once the deadline passed, or nil.
 func (l Limit) Err() error {
+	select {
+	case <-l.Quit:
+		return progress.ErrClosed
+	default:
+	}
 	if err := l.Ctx.Err(); err != nil {
 		return err
 	}
@@ -81,8 +90,13 @@ func (l Limit) Err() error {
 }
 
 // Timeout is the error of an op of n bytes that the limit ended after
-// done bytes, which moved in chunks of chunk bytes.
+// done bytes, which moved in chunks of chunk bytes: a
+// *progress.TimeoutError, or an error wrapping progress.ErrClosed when
+// its manager's closing (Quit) ended it.
 func (l Limit) Timeout(op progress.Op, provider, peer string, n, done, chunk uint64, cause error) error {
+	if errors.Is(cause, progress.ErrClosed) {
+		return fmt.Errorf("%s of %d bytes with %s over %s stopped after %d bytes, its manager closing: %w", op, n, peer, provider, done, cause)
+	}
 	return &progress.TimeoutError{Op: op, Provider: provider, Peer: peer, Bytes: n,
 		After: time.Since(l.Start), Completed: int(done / chunk), Total: int((n + chunk - 1) / chunk),
 		Cause: cause}
