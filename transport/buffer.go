@@ -278,8 +278,11 @@ func (b *Buffer) Remote() RemoteBuffer {
 // stays until they end or the manager closes, and the memory must not be
 // freed before Released is closed. When a registration stays on an
 // endpoint stuck inside libfabric (ErrEndpointWedged), the memory must
-// not be freed at all; a later Close says so again. Otherwise closing
-// twice, or after the manager closed, is a no-op.
+// not be freed at all; a later Close says so again. Closing a
+// registration waits for its endpoint: over libfabric's shm after a
+// same-node peer died, up to the poll policy's WedgeAfter (10 s by
+// default; docs/RELIABILITY.md), which may be longer than the timeout.
+// Otherwise closing twice, or after the manager closed, is a no-op.
 func (b *Buffer) Close() error {
 	st := b.st
 	st.mu.Lock()

@@ -42,8 +42,8 @@ var (
 var (
 	// ErrClosed: the manager is closed.
 	ErrClosed = errors.New("manager closed")
-	// ErrBufferClosed: the local buffer was closed, or the remote one was
-	// closed by its owner.
+	// ErrBufferClosed: the local buffer was closed. A remote buffer its
+	// owner closed is ErrStaleHandle.
 	ErrBufferClosed = errors.New("buffer closed")
 	// ErrTooSmall: the destination of a transfer is smaller than its source.
 	ErrTooSmall = errors.New("destination too small")

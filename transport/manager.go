@@ -465,7 +465,9 @@ type Route struct {
 }
 
 // Route says which backend a transfer with r would use, and why; an error
-// wrapping ErrNoRoute when none can. Toward a same-node owner it may
+// wrapping ErrNoRoute when none can, or the class of what rules the owner
+// out (ErrPeerGone for a same-node owner that exited, ErrAccessDenied for
+// one of another user that offers no other route). Toward a same-node owner it may
 // wait for the owner's answer (its verification, the mem link) up to the
 // manager's timeout: an error wrapping ErrTimeout then, or ErrClosed when
 // the manager closes meanwhile.
