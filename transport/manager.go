@@ -60,7 +60,7 @@ type Manager struct {
 	// process_vm_readv themselves where shm would (shmCheckDirect).
 	guardDirect bool
 
-	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up; held to close
+	mu     sync.RWMutex // read-held while a transfer, registration or replacement is set up, and through memFast's copy; held to close
 	closed bool
 	// closing is set, and quit closed, as Close is called, before it
 	// waits for mu: a request that comes after fails at once instead of
@@ -75,8 +75,9 @@ type Manager struct {
 	// buffers: Close waits for both (awaitNone), so that after it no
 	// request of this manager touches memory, and mr.Free may take it.
 	copying, requests atomic.Int64
-	// down is set as Close begins: copies still running (mem) learn that
-	// their owner links end because this manager closes, not the owner.
+	// down is set as Close begins: a copy still running (mem; one Close
+	// gave up waiting for) learns that its owner link ended because this
+	// manager closes, not the owner.
 	down atomic.Bool
 	// replaceMu: a replacement holds it, a registration reads it, so
 	// that a buffer is registered on one consistent set of backends.
@@ -799,16 +800,19 @@ func (m *Manager) PollRoute(rt Route) {
 }
 
 // Close closes the manager: transfers still in flight fail with ErrClosed
-// (copies this process makes, mem and cma, stop at their next 4 MiB
-// piece, and Close waits for them and for the transfers to let go of
-// their buffers, up to the manager's timeout), every buffer is
-// deregistered, every endpoint closed, and the memory of Manager.Alloc
-// buffers freed (their Bytes must not be used after Close; memory the
-// caller registered stays the caller's, and mr.Free takes it from then
-// on). Later calls fail with ErrClosed. Closing twice is a no-op. It returns an error wrapping ErrEndpointWedged for each endpoint
-// stuck inside libfabric: Close does not wait for such a call, and leaves
-// the endpoint, its registrations and the memory they use to it (mr.Free
-// refuses that memory then: it would pull memory from under libfabric).
+// (copies this process makes, memcpy, mem and cma, stop at their next
+// 4 MiB piece), every buffer is deregistered, every endpoint closed, and
+// the memory of Manager.Alloc buffers freed (their Bytes must not be used
+// after Close; memory the caller registered stays the caller's, and
+// mr.Free takes it from then on). Close waits for peers' copies with its
+// buffers (mem, cma), for its own copies and for its transfers to let go
+// of their buffers, all within the manager's timeout; a transfer still
+// running then (on an endpoint stuck in a call) is logged. Later calls
+// fail with ErrClosed. Closing twice is a no-op. It returns an error
+// wrapping ErrEndpointWedged for each endpoint stuck inside libfabric:
+// Close does not wait for such a call, and leaves the endpoint, its
+// registrations and the memory they use to it (mr.Free refuses that
+// memory then: it would pull memory from under libfabric).
 func (m *Manager) Close() error {
 	m.closeOnce.Do(func() {
 		m.closing.Store(true)
@@ -830,9 +834,11 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.down.Store(true)
 	m.mu.Unlock()
+	// One deadline for every wait below.
+	deadline := time.Now().Add(m.cfg.timeout)
 	// Copies under way end at their next piece (their limit's Quit):
 	// none may run into the deregistrations below.
-	m.awaitNone(&m.copying, "copying")
+	m.awaitNone(&m.copying, deadline, "copying")
 	if _, was := liveManagers.LoadAndDelete(m.id); was {
 		liveCount.Add(-1) // not for a New that failed before it counted m
 	}
@@ -847,7 +853,6 @@ func (m *Manager) Close() error {
 	var errs []error
 	// Peers copying with a buffer on the mem route finish first: the
 	// caller frees the memory once Close returns.
-	deadline := time.Now().Add(m.cfg.timeout)
 	for _, st := range bufs {
 		if peers := st.revokeGuard(deadline); peers != nil {
 			st.mu.Lock()
@@ -878,7 +883,7 @@ func (m *Manager) Close() error {
 	// The requests whose ops the closed loops failed let go of their
 	// buffers now: after that nothing holds them, and their memory may
 	// be freed (freeOwned below, or the caller's mr.Free).
-	m.awaitNone(&m.requests, "ending")
+	m.awaitNone(&m.requests, deadline, "ending")
 	wedged := false
 	for _, b := range bs.all {
 		if !b.Stopped() {
@@ -902,15 +907,16 @@ func (m *Manager) Close() error {
 	return errors.Join(errs...)
 }
 
-// awaitNone waits, for up to the manager's timeout, until n (copying or
-// requests) is 0; past it, it logs what it left. A request on a wedged
-// endpoint may stay until its own deadline.
-func (m *Manager) awaitNone(n *atomic.Int64, what string) {
-	for end := time.Now().Add(m.cfg.timeout); n.Load() > 0; time.Sleep(50 * time.Microsecond) {
-		if time.Now().After(end) {
+// awaitNone waits, until deadline, for n (copying or requests) to be 0;
+// past it, it logs what it left. A request on a wedged endpoint may stay
+// until its own deadline.
+func (m *Manager) awaitNone(n *atomic.Int64, deadline time.Time, what string) {
+	for pause := 10 * time.Microsecond; n.Load() > 0; pause = min(2*pause, time.Millisecond) {
+		if time.Now().After(deadline) {
 			m.log.Warn().Int64("requests", n.Load()).Str("state", what).Msg("closing: requests still under way after the timeout")
 			return
 		}
+		time.Sleep(pause)
 	}
 }
 

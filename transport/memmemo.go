@@ -80,6 +80,11 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 		local.st.Unref()
 		return false, nil
 	}
+	// Held through the copy, which ends at its next piece once Close
+	// began (Quit): Close's hold of the manager waits for it, so nothing
+	// copies after Close returned (the full path counts its copies:
+	// Manager.copying).
+	defer m.releaseManager()
 	l := h.link
 	defer l.drop()
 	lim := route.Limit{Ctx: ctx, Quit: m.quit}
@@ -89,11 +94,6 @@ func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, loca
 	}
 	err := m.memOne(lim, op, local.st.mem[local.off:local.off+r.n], mm.b[r.off:r.off+r.n], l, mm, r.eps[0].guard, h.peer, r.id)
 	local.st.Unref()
-	// Held through the copy, which ends at its next piece once Close
-	// began (Quit): Close's hold of the manager waits for it, so nothing
-	// copies after Close returned (the full path counts its copies:
-	// Manager.copying).
-	m.releaseManager()
 	switch {
 	case err == nil:
 		return true, nil

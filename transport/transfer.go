@@ -199,23 +199,10 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 		lim.Start, lim.Deadline = times.get()
 	}
 	start, deadline := lim.Start, lim.Deadline
-	for i := range ops {
-		o := &ops[i]
-		if o.kind == route.Memcpy {
-			if err := memcpy.Copy(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
-				o.target.mem[o.remote.off:o.remote.off+o.remote.n]); err != nil {
-				o.failed(err)
-				errs = append(errs, err)
-				failed++
-			}
-		}
-	}
-	var cmaFailed, memFailed int
-	errs, cmaFailed = runCMA(lim, ops, errs)
-	errs, memFailed = m.runMem(lim, ops, errs)
-	failed += cmaFailed + memFailed
 	if copies {
-		m.copying.Add(-1)
+		var copyFailed int
+		errs, copyFailed = m.runCopies(lim, ops, errs)
+		failed += copyFailed
 	}
 	attempted := 0
 	for i := range ops {
@@ -300,14 +287,17 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 }
 
 // closedErrs makes the errors of jobs that a closing manager's loops
-// failed (progress.ErrClosed) say ErrClosed as well. A loop closed
+// failed (progress.ErrClosed), or left to them closing (a
+// progress.TimeoutError with Closing), say ErrClosed as well. A loop closed
 // otherwise (a rail's replacement) keeps its own error.
 func (m *Manager) closedErrs(errs []error) {
 	if !m.closing.Load() {
 		return
 	}
 	for i, err := range errs {
-		if errors.Is(err, progress.ErrClosed) && !errors.Is(err, ErrClosed) {
+		var te *progress.TimeoutError
+		closed := errors.Is(err, progress.ErrClosed) || errors.As(err, &te) && te.Closing
+		if closed && !errors.Is(err, ErrClosed) {
 			errs[i] = fmt.Errorf("%w: %w", ErrClosed, err)
 		}
 	}
@@ -425,6 +415,29 @@ func nudgeLoops(ops []opSpec) {
 			last = o.b
 		}
 	}
+}
+
+// runCopies runs the ops this process copies itself (memcpy, cma, mem),
+// counted in m.copying by the caller (under its hold of the manager),
+// and appends their errors to errs; it returns errs and how many failed.
+func (m *Manager) runCopies(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
+	defer m.copying.Add(-1)
+	failed := 0
+	for i := range ops {
+		o := &ops[i]
+		if o.kind == route.Memcpy {
+			if err := memcpy.Copy(lim, o.op, o.local.st.mem[o.local.off:o.local.off+o.remote.n],
+				o.target.mem[o.remote.off:o.remote.off+o.remote.n]); err != nil {
+				o.failed(err)
+				errs = append(errs, err)
+				failed++
+			}
+		}
+	}
+	var cmaFailed, memFailed int
+	errs, cmaFailed = runCMA(lim, ops, errs)
+	errs, memFailed = m.runMem(lim, ops, errs)
+	return errs, failed + cmaFailed + memFailed
 }
 
 // hasCopies reports whether a request copies itself (memcpy, cma, mem).

@@ -63,6 +63,13 @@ type Route struct {
 	loop *progress.Loop
 	name []byte // endpoint name, immutable
 
+	// sentTo: the processes an op of this endpoint was aimed at, on 1.x
+	// shm (noteSent), whom its close waits for (awaitPeersMapping).
+	// Apart from peers, which Forget clears as the manager closes, and
+	// under a lock of its own: mu may be held across an fi_av_insert.
+	sentMu sync.Mutex
+	sentTo map[int]struct{}
+
 	mu    sync.Mutex
 	peers map[string]*Peer // endpoint name → address
 	// retiring, onDrained: see Retire.
@@ -294,7 +301,7 @@ type Peer struct {
 	uses atomic.Int32
 	// forget: Forget found p in use; the last use's Done forgets it.
 	forget atomic.Bool
-	// sent: an op of this endpoint was aimed at p (awaitPeersMapping).
+	// sent: an op of this endpoint was aimed at p (noteSent).
 	sent atomic.Bool
 	r    *Route
 }

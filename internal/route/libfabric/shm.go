@@ -227,17 +227,15 @@ func ShmPeerPID(name []byte) int {
 // that mapped the region first never crashed). A peer that stays
 // stopped past deadline is left to that.
 func (r *Route) awaitPeersMapping(deadline time.Time) {
-	if r.Provider != fabric.BackendSHM || fabric.RuntimeVersion().Major() >= 2 {
-		return
+	if !r.awaitsPeersMapping() || r.loop.Wedged() != nil {
+		return // (a wedged endpoint is never closed)
 	}
-	r.mu.Lock()
-	var pids []int
-	for _, p := range r.peers {
-		if pid := ShmPeerPID(p.raw); p.sent.Load() && pid > 0 && pid != os.Getpid() {
-			pids = append(pids, pid)
-		}
+	r.sentMu.Lock()
+	pids := make([]int, 0, len(r.sentTo))
+	for pid := range r.sentTo {
+		pids = append(pids, pid)
 	}
-	r.mu.Unlock()
+	r.sentMu.Unlock()
 	self := [][]byte{r.name}
 	for len(pids) > 0 && time.Now().Before(deadline) {
 		left := pids[:0]
@@ -250,4 +248,24 @@ func (r *Route) awaitPeersMapping(deadline time.Time) {
 			time.Sleep(time.Millisecond)
 		}
 	}
+}
+
+// awaitsPeersMapping: the endpoint is a libfabric 1.x shm one.
+func (r *Route) awaitsPeersMapping() bool {
+	return r.Provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() < 2
+}
+
+// noteSent records that an op of this endpoint was aimed at p, once per
+// peer (Xfer.Aim), for awaitPeersMapping.
+func (r *Route) noteSent(p *Peer) {
+	pid := ShmPeerPID(p.raw)
+	if !r.awaitsPeersMapping() || pid <= 0 || pid == os.Getpid() {
+		return
+	}
+	r.sentMu.Lock()
+	if r.sentTo == nil {
+		r.sentTo = map[int]struct{}{}
+	}
+	r.sentTo[pid] = struct{}{}
+	r.sentMu.Unlock()
 }

@@ -112,6 +112,7 @@ func (x *Xfer) Aim(p *Peer, op progress.Op, start, deadline time.Time, pid int) 
 	x.peer = p
 	if !p.sent.Load() {
 		p.sent.Store(true)
+		x.r.noteSent(p)
 	}
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = op, p.addr, p.name, start, deadline
