@@ -943,13 +943,13 @@ func (l *Loop) do(fn func()) error {
 	return nil
 }
 
-// Close fails the jobs not yet finished with ErrClosed — one with ops in
-// flight once they can move no more: completed in the drain (endpoints
-// unsafe to close with ops in flight), or after the endpoint's close —
-// runs beforeEndpointClose (if not nil) with the endpoint to itself — the
-// place to close memory registrations, which must go before their
-// endpoint — then closes the endpoint and stops the loop. Closing twice
-// is a no-op.
+// Close fails the jobs not yet finished with ErrClosed, runs
+// beforeEndpointClose (if not nil) with the endpoint to itself — the place
+// to close memory registrations, which must go before their endpoint —
+// then closes the endpoint and stops the loop. A job with ops in flight
+// fails only once they can move no more: when they completed in the drain
+// (endpoints unsafe to close with ops in flight), or after the endpoint's
+// close. Closing twice is a no-op.
 // When a libfabric call on the endpoint has not returned for the policy's
 // WedgeAfter, it returns that *WedgedError instead of waiting forever: the
 // endpoint and what it uses are then left to the goroutine stuck in it.

@@ -69,11 +69,11 @@ type Manager struct {
 	closing   atomic.Bool
 	quit      chan struct{}
 	closeOnce sync.Once
-	// copying counts the requests copying themselves (memcpy, cma, mem:
-	// their copy phase, counted under mu's read hold), and requests those
-	// under way from their hold of the manager to their release of its
-	// buffers: Close waits for both (awaitNone), so that after it no
-	// request of this manager touches memory, and mr.Free may take it.
+	// copying counts the requests in their copy phase (memcpy, cma, mem:
+	// counted under mu's read hold); requests, those between their hold
+	// of the manager and their release of its buffers. Close waits for
+	// both (awaitNone): after it no request of this manager touches
+	// memory, and mr.Free may take it.
 	copying, requests atomic.Int64
 	// down is set as Close begins: a copy still running (mem; one Close
 	// gave up waiting for) learns that its owner link ended because this
@@ -468,10 +468,10 @@ type Route struct {
 // Route says which backend a transfer with r would use, and why; an error
 // wrapping ErrNoRoute when none can, or the class of what rules the owner
 // out (ErrPeerGone for a same-node owner that exited, ErrAccessDenied for
-// one of another user that offers no other route). Toward a same-node owner it may
-// wait for the owner's answer (its verification, the mem link) up to the
-// manager's timeout: an error wrapping ErrTimeout then, or ErrClosed when
-// the manager closes meanwhile.
+// one of another user that offers no other route). Toward a same-node
+// owner it may wait for the owner's answer (its verification, the mem
+// link) up to the manager's timeout: an error wrapping ErrTimeout then,
+// or ErrClosed when the manager closes meanwhile.
 func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 	if m.closing.Load() {
 		return Route{}, ErrClosed

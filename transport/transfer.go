@@ -287,9 +287,9 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 }
 
 // closedErrs makes the errors of jobs that a closing manager's loops
-// failed (progress.ErrClosed), or left to them closing (a
-// progress.TimeoutError with Closing), say ErrClosed as well. A loop closed
-// otherwise (a rail's replacement) keeps its own error.
+// failed (progress.ErrClosed), or that their waiters left to them closing
+// (a progress.TimeoutError with Closing), say ErrClosed as well. A loop
+// closed otherwise (a rail's replacement) keeps its own error.
 func (m *Manager) closedErrs(errs []error) {
 	if !m.closing.Load() {
 		return
