@@ -1290,7 +1290,8 @@ func (l *Loop) post() bool {
 		return false
 	}
 	l.batch = l.batch[:0]
-	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < l.postMax; {
+	var bytes uint64
+	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < l.postMax && bytes < postBytes; {
 		j := l.active[ai]
 		if j.finished || j.stopPosting || j.next >= len(j.Chunks) {
 			ai++
@@ -1299,6 +1300,7 @@ func (l *Loop) post() bool {
 		slot := l.free[len(l.free)-1]
 		l.free = l.free[:len(l.free)-1]
 		c := &j.Chunks[j.next]
+		bytes += c.Len
 		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
 		flags := uint64(fabric.OpCompletion) | j.Flags
@@ -1358,6 +1360,14 @@ func (l *Loop) post() bool {
 	l.compact()
 	return posted > 0
 }
+
+// postBytes bounds what one round posts: a provider may move an op's
+// bytes inside the post call (2.1's tcp sends while the reader drains the
+// socket), and a round checks deadlines only after it posted and reaped;
+// a batch of a whole 256 MiB write once completed in one round, 895 ms
+// past its deadline. A few chunks' worth: large transfers keep their
+// queue full, small ops never reach it.
+const postBytes = 16 << 20
 
 // compact drops the jobs at the front of active that have nothing left to
 // post.

@@ -36,6 +36,7 @@ type fakePort struct {
 	auto     bool          // every pending op completes at the next reap
 	autoIf   func() bool   // as auto, at a reap where it returns true (called under the loop's drive lock)
 	slow     time.Duration // each reap takes this long (tcp moving megabytes inside fi_cq_read)
+	slowPost time.Duration // each op a post takes costs this long (2.x's tcp sending inline as the reader drains)
 	rng      *rand.Rand
 	gate     chan struct{} // when set, the next post blocks until it is closed
 	blocked  chan struct{} // closed when post blocks on gate
@@ -89,6 +90,9 @@ func (f *fakePort) post(n int) (int, error) {
 	}
 	if f.failNext != 0 && k > 0 {
 		k--
+	}
+	if f.slowPost > 0 {
+		time.Sleep(time.Duration(k) * f.slowPost)
 	}
 	for _, op := range f.batch[:k] {
 		if _, dup := f.ops[op.Slot]; dup {
@@ -1674,4 +1678,33 @@ func TestLeftJobInTheInbox(t *testing.T) {
 	step(l)
 	assert.True(t, k.finished, "a later left job is expired in the next round")
 	assert.Zero(t, l.leftJobs.Load())
+}
+
+// TestDeadlineOfAJobPostedInline: a job whose ops its provider moves
+// inside the post call (2.1's tcp sending while the reader drains the
+// socket) ends at its deadline, give or take a round, not once the whole
+// transfer moved: a round posted all 32 chunks of a 256 MiB write in one
+// batch, and the write returned nil 895 ms past its 20 ms deadline
+// (test/TestDeadlineEndsLongTransfer, once in CI). A round now posts at
+// most postBytes.
+func TestDeadlineOfAJobPostedInline(t *testing.T) {
+	f := newFakePort()
+	f.slowPost = 20 * time.Millisecond // an 8 MiB op at 400 MB/s
+	f.setAuto(true, nil)
+	l := newLoop(f, 64, DefaultPollPolicy, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	j := NewJob()
+	for i := 0; i < 32; i++ {
+		j.Chunks = append(j.Chunks, Chunk{Local: uintptr(8<<20*i + 8), Len: 8 << 20, Remote: uint64(8 << 20 * i), Offset: uint64(8 << 20 * i)})
+	}
+	j.Start = time.Now()
+	j.Deadline = j.Start.Add(20 * time.Millisecond)
+	require.NoError(t, l.Submit(j))
+	require.NoError(t, l.Wait(context.Background(), j))
+	took := time.Since(j.Start)
+	require.NotEmpty(t, j.Errs, "the job ran to its end, %v past its deadline", took-20*time.Millisecond)
+	var te *TimeoutError
+	require.ErrorAs(t, j.Errs[0], &te)
+	assert.Less(t, te.Completed, 32)
 }
