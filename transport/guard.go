@@ -250,7 +250,7 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 	p, err := b.PeerBy(ctx, deadline, name)
 	if err != nil {
 		o := &ops[checks[0].op] // the request's op, whose check could not begin
-		if te := busy(err, o.op, b.Addr(name), o.remote.n, start); te != nil {
+		if te := unstarted(err, o.op, b.Addr(name), o.remote.n, start); te != nil {
 			return te
 		}
 		if gone := goneFor(err, o.op); gone != nil {
@@ -271,12 +271,9 @@ func (m *Manager) verifyPeerGuards(ctx context.Context, start, deadline time.Tim
 		peer := ops[checks[i].op].peer // the table's place comes from the owner, verified, not from the handle
 		remote := peer.shm.table + uint64(ep.guard.slot)*guardEntrySize
 		if checks[i].entry, err = x.ReadEntry(ctx, deadline, remote, peer.shm.key); err != nil {
-			var te *progress.TimeoutError
-			if errors.As(err, &te) {
-				o := &ops[checks[0].op]
-				out := *te
-				out.Op, out.Provider, out.Peer, out.Bytes, out.After = o.op, string(b.Provider), b.Addr(name), o.remote.n, time.Since(start)
-				return &out
+			o := &ops[checks[0].op]
+			if te := unstarted(err, o.op, b.Addr(name), o.remote.n, start); te != nil {
+				return te
 			}
 			return err
 		}

@@ -107,11 +107,12 @@ func (r RemoteBuffer) Via(rt Route) RemoteBuffer {
 	sameNode := func(provider string) bool {
 		return provider == mem.Name || provider == cma.Name || provider == string(fabric.BackendSHM)
 	}
+	onNode := sameNode(rt.Backend)
 	host := net.ParseIP(rt.Host)
 	out := r
 	out.eps = nil
 	for _, ep := range r.eps {
-		if sameNode(rt.Backend) {
+		if onNode {
 			if sameNode(ep.provider) {
 				out.eps = append(out.eps, ep)
 			}

@@ -672,12 +672,13 @@ func notStartedBy(kind string, ops []opSpec, to *progress.TimeoutError) error {
 	return &TransferError{Op: kind, Bytes: total, Ops: len(ops), Errs: []error{to}}
 }
 
-// busy is err as op's *progress.TimeoutError when the request's limits
-// ended while a libfabric call held the endpoint (progress.Loop.DoBy),
-// else nil: nothing of op moved.
-func busy(err error, op progress.Op, peer string, n uint64, start time.Time) *progress.TimeoutError {
+// unstarted is err as op's *progress.TimeoutError when the request's
+// limits ended before any of op was posted — while a libfabric call held
+// the endpoint (Busy: progress.Loop.DoBy), or while it waited for
+// something else first (Awaiting: a free scratch slot) — else nil.
+func unstarted(err error, op progress.Op, peer string, n uint64, start time.Time) *progress.TimeoutError {
 	var te *progress.TimeoutError
-	if !errors.As(err, &te) || !te.Busy {
+	if !errors.As(err, &te) || !te.Busy && te.Awaiting == "" {
 		return nil
 	}
 	out := *te
@@ -719,7 +720,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	b := o.b
 	p, err := b.PeerBy(ctx, deadline, o.ep.name)
 	if err != nil {
-		if te := busy(err, o.op, b.Addr(o.ep.name), o.remote.n, start); te != nil {
+		if te := unstarted(err, o.op, b.Addr(o.ep.name), o.remote.n, start); te != nil {
 			return te
 		}
 		if gone := goneFor(err, o.op); gone != nil {
@@ -741,7 +742,7 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	lv := view{st, o.local.off, o.local.n}
 	desc, err := st.desc(ctx, deadline, b)
 	if err != nil {
-		if te := busy(err, o.op, p.Name(), o.remote.n, start); te != nil {
+		if te := unstarted(err, o.op, p.Name(), o.remote.n, start); te != nil {
 			return te
 		}
 		return fmt.Errorf("%s over %s: registering the local buffer on this endpoint: %w", o.op, b.Provider, err)

@@ -56,6 +56,7 @@ func TestVia(t *testing.T) {
 // before. The case it is for, a Close that left ops with the provider,
 // is test.TestServeFreesBuffersItsStalledAnswersHeld.
 func TestReleased(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
 	m, err := transport.New(context.Background(), transport.WithProviders(testenv.RouteTCP))
 	require.NoError(t, err)
 	a, err := m.Alloc(4096, mr.ReadWrite)

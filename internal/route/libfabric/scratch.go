@@ -91,7 +91,8 @@ func (s *Scratch) get(ctx context.Context, deadline time.Time) (uint32, error) {
 		cause = context.DeadlineExceeded
 	}
 	// A timeout of the request, in the vocabulary every route answers
-	// with, before anything of it moved; its caller fills in the op.
+	// with, before anything of it moved; ReadEntry and its caller fill
+	// in the op.
 	return 0, &progress.TimeoutError{Cause: cause, Awaiting: fmt.Sprintf(
 		"a free slot for its handle check (all %d were taken by earlier checks, toward owners that have not answered them)", cap(s.slots))}
 }
@@ -116,6 +117,9 @@ func (x *Xfer) ReadEntry(ctx context.Context, deadline time.Time, remote, key ui
 	s := x.r.Scratch
 	slot, err := s.get(ctx, deadline)
 	if err != nil {
+		if te, ok := err.(*progress.TimeoutError); ok {
+			te.Provider = string(x.r.Provider) // the op's other fields are its caller's
+		}
 		return 0, err
 	}
 	x.scratch = append(x.scratch, slot)

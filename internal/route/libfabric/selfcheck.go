@@ -67,7 +67,7 @@ func (r *Route) SelfCheck(ctx context.Context) error {
 	if _, err := x.ReadEntry(ctx, deadline, mr.RemoteAddr(r.VirtAddr, s.tableAt, 0), s.TableKey()); err != nil {
 		var to *progress.TimeoutError
 		if errors.As(err, &to) { // the op's fields, which ReadEntry leaves to its caller
-			to.Op, to.Provider, to.Peer, to.After = progress.Read, string(r.Provider), "itself", time.Since(start)
+			to.Op, to.Peer, to.After = progress.Read, "itself", time.Since(start)
 		}
 		return err
 	}
