@@ -54,6 +54,12 @@ type Job struct {
 	// when a timed-out chunk completes late. Local memory of the job must
 	// stay mapped until then.
 	OnIdle func(*Job)
+	// OnPost, when set, runs where the job's ops are posted, once per
+	// use of the job: when a post of one of its ops first reached the
+	// provider, even one it refused (FI_EAGAIN). A provider may tell
+	// the peer of this endpoint then, before any op goes through (1.x
+	// shm sends its name).
+	OnPost func(*Job)
 
 	// Errs holds one error per failed chunk, a *TimeoutError when the
 	// context ended first, or ErrClosed.
@@ -80,6 +86,7 @@ type Job struct {
 	finished       bool
 	stopPosting    bool
 	idled          bool
+	reached        bool // a post of one of its ops reached the provider (OnPost)
 }
 
 // NewJob returns an empty job.
@@ -99,7 +106,7 @@ func (j *Job) Reset() {
 	j.Errs = j.Errs[:0]
 	j.Completed, j.Attempted = 0, 0
 	j.next, j.inflight = 0, 0
-	j.finished, j.stopPosting, j.idled = false, false, false
+	j.finished, j.stopPosting, j.idled, j.reached = false, false, false, false
 	j.left.Store(nil) // consumed when it finished: nothing to count
 }
 
@@ -1339,7 +1346,12 @@ func (l *Loop) post() bool {
 		l.free = append(l.free, p.slot)
 	}
 	for i := 0; i < posted; i++ {
-		l.batch[i].rec.job.Attempted++
+		j := l.batch[i].rec.job
+		j.Attempted++
+		reachedProvider(j)
+	}
+	if err != nil && posted < len(l.batch) {
+		reachedProvider(l.batch[posted].rec.job) // the op the provider refused
 	}
 	if err != nil && !errors.Is(err, fabric.ErrAgain) {
 		// The op at index posted failed for good: fail its chunk.
@@ -1359,6 +1371,17 @@ func (l *Loop) post() bool {
 	clear(l.batch)
 	l.compact()
 	return posted > 0
+}
+
+// reachedProvider notes that a post of one of j's ops reached the
+// provider, and runs OnPost the first time in j's use.
+func reachedProvider(j *Job) {
+	if !j.reached {
+		j.reached = true
+		if j.OnPost != nil {
+			j.OnPost(j)
+		}
+	}
 }
 
 // postBytes bounds what one round posts: a provider may move an op's

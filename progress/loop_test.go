@@ -1708,3 +1708,35 @@ func TestDeadlineOfAJobPostedInline(t *testing.T) {
 	require.ErrorAs(t, j.Errs[0], &te)
 	assert.Less(t, te.Completed, 32)
 }
+
+// TestOnPostRunsOnceAPostReachedTheProvider: OnPost runs for a job once a
+// post of one of its ops reached the provider, a refused one too (1.x
+// shm sends its name to a new peer as it refuses the op), and once per
+// use of the job; a job none of whose ops reached a post has none.
+func TestOnPostRunsOnceAPostReachedTheProvider(t *testing.T) {
+	l, f := testLoop(t, 16, false)
+	f.accept = 1 // one op per post: FI_EAGAIN for the next
+	f.setAuto(true, nil)
+	var posts [3]atomic.Int32
+	jobs := make([]*Job, 3)
+	for i := range jobs {
+		jobs[i] = job(1+i, nil)
+		jobs[i].OnPost = func(*Job) { posts[i].Add(1) }
+		require.NoError(t, l.Submit(jobs[i]))
+	}
+	step(l) // a batch of all their ops: 0's goes through, 1's first is refused, the rest not offered
+	assert.Equal(t, []int32{1, 1, 0}, []int32{posts[0].Load(), posts[1].Load(), posts[2].Load()})
+	for i := 0; i < 100 && !jobs[2].finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(jobs[2]))
+	assert.Equal(t, []int32{1, 1, 1}, []int32{posts[0].Load(), posts[1].Load(), posts[2].Load()}, "once per use of a job")
+	jobs[0].Reset()
+	fillJob(jobs[0], 2, 0)
+	require.NoError(t, l.Submit(jobs[0]))
+	for i := 0; i < 100 && !jobs[0].finished; i++ {
+		step(l)
+	}
+	require.True(t, isDone(jobs[0]))
+	assert.Equal(t, int32(2), posts[0].Load(), "once more in its next use")
+}
