@@ -865,16 +865,37 @@ func (m *Manager) Close() error {
 		m.verifier.close()
 	}
 	m.memPeers.close()
-	m.verified.close(m.closeOutgoing(all))
 	bs := m.backends()
-	for _, b := range bs.all {
-		// On the loop goroutine, after failing its jobs and before closing
-		// the endpoint: MRs must be closed before their endpoint.
-		err := closeRoute(b, all, nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
+	closeBackends := func(early bool) {
+		for _, b := range bs.all {
+			if b.AwaitsPeersMapping() != early {
+				continue
+			}
+			// On the loop goroutine, after failing its jobs and before
+			// closing the endpoint: MRs must be closed before their
+			// endpoint.
+			if err := closeRoute(b, all, nil); err != nil {
+				errs = append(errs, fmt.Errorf("closing the %s endpoint: %w", b.Provider, err))
+			}
 		}
 	}
+	// A 1.x shm endpoint waits, as it closes, for the owners its ops
+	// reached to map its region (libfabric.Route.CloseWith); their shm
+	// loops poll for this manager only while its connections to them
+	// are up (announceShm). So it closes before those end, and wakes the
+	// owners first: closed after them, its last op could reach an owner
+	// whose loop had parked, which mapped nothing within the wait and
+	// crashed on the op later (TestClosingMidWriteLeavesTheOwnerAlive,
+	// under load).
+	for _, b := range bs.all {
+		if b.AwaitsPeersMapping() {
+			m.verified.wakeAll()
+			break
+		}
+	}
+	closeBackends(true)
+	m.verified.close(m.closeOutgoing(all))
+	closeBackends(false)
 	// Not the closing ones: their own deregistration still runs, and says
 	// whether an endpoint kept their MR.
 	for _, st := range bufs {

@@ -237,6 +237,12 @@ func (p *sameNodePeer) wakeOwner(at time.Time) {
 	if last := p.shmAt.Swap(now); last != 0 && now-last < int64(wakeAfter) {
 		return
 	}
+	p.sendWake()
+}
+
+// sendWake writes announceWake on the announcing connection (wakeOwner),
+// unless the owner is of an earlier version, which answers it.
+func (p *sameNodePeer) sendWake() {
 	p.annMu.Lock()
 	defer p.annMu.Unlock()
 	if p.annConn == nil || p.noWake {
@@ -1017,6 +1023,19 @@ func (p *peers) close(clean bool) {
 			}
 			_ = v.peer.conn.Close()
 			v.peer.closeMem()
+		}
+	}
+}
+
+// wakeAll wakes every verified owner's shm loop (sendWake): the
+// closing manager's shm endpoints wait for owners to map their regions
+// (Manager.Close).
+func (p *peers) wakeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, v := range p.byID {
+		if settled(v) && v.peer != nil {
+			v.peer.sendWake()
 		}
 	}
 }

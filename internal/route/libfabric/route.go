@@ -63,8 +63,8 @@ type Route struct {
 	loop *progress.Loop
 	name []byte // endpoint name, immutable
 
-	// sentTo: the processes an op of this endpoint was aimed at, on 1.x
-	// shm (noteSent), whom its close waits for (awaitPeersMapping).
+	// sentTo: the processes a post of this endpoint's ops reached shm
+	// for, on 1.x (noteSent), whom its close waits for (awaitPeersMapping).
 	// Apart from peers, which Forget clears as the manager closes, and
 	// under a lock of its own: mu may be held across an fi_av_insert.
 	sentMu sync.Mutex
@@ -227,8 +227,10 @@ func (r *Route) Close() error { return r.CloseWith(nil) }
 // *progress.WedgedError of an endpoint stuck inside libfabric, which it
 // leaves behind.
 func (r *Route) CloseWith(beforeEndpointClose func()) error {
-	r.awaitPeersMapping(time.Now().Add(peersMappingWait))
 	return r.loop.Close(func() {
+		// The loop failed its jobs: no command of this endpoint's goes
+		// out to a peer after the wait.
+		r.awaitPeersMapping(time.Now().Add(peersMappingWait))
 		if beforeEndpointClose != nil {
 			beforeEndpointClose()
 		}
@@ -301,7 +303,8 @@ type Peer struct {
 	uses atomic.Int32
 	// forget: Forget found p in use; the last use's Done forgets it.
 	forget atomic.Bool
-	// sent: an op of this endpoint was aimed at p (noteSent).
+	// sent: a post of an op of this endpoint toward p reached the
+	// provider (noteSent).
 	sent atomic.Bool
 	r    *Route
 }

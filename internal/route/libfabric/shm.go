@@ -216,7 +216,7 @@ func ShmPeerPID(name []byte) int {
 }
 
 // awaitPeersMapping waits, until deadline, for each live peer that this
-// libfabric 1.x shm endpoint sent an op to (Aim) to map the endpoint's
+// libfabric 1.x shm endpoint posted an op toward (noteSent) to map its
 // region, before the endpoint closes and unlinks the region's file. A
 // 1.x target maps an initiator's region when it first reads its
 // commands; one whose first command from this endpoint was still queued
@@ -225,9 +225,13 @@ func ShmPeerPID(name []byte) int {
 // prov/shm/src/smr_progress.c, v1.17.0; seen when a peer closed its
 // manager 1 ms into a 128 MiB write, from a new user's review; a target
 // that mapped the region first never crashed). A peer that stays
-// stopped past deadline is left to that.
+// stopped past deadline is left to that. CloseWith waits so once its
+// loop posts nothing more: a command sent after the wait would meet the
+// same end. A peer's shm loop may park unless something asks it to
+// poll: a manager closes such an endpoint while its connections to the
+// owners it verified are up (transport's announceShm).
 func (r *Route) awaitPeersMapping(deadline time.Time) {
-	if !r.awaitsPeersMapping() || r.loop.Wedged() != nil {
+	if !r.AwaitsPeersMapping() || r.loop.Wedged() != nil {
 		return // (a wedged endpoint is never closed)
 	}
 	r.sentMu.Lock()
@@ -250,16 +254,21 @@ func (r *Route) awaitPeersMapping(deadline time.Time) {
 	}
 }
 
-// awaitsPeersMapping: the endpoint is a libfabric 1.x shm one.
-func (r *Route) awaitsPeersMapping() bool {
+// AwaitsPeersMapping reports whether closing the endpoint waits for the
+// peers it sent to to map its region (awaitPeersMapping): a libfabric
+// 1.x shm endpoint.
+func (r *Route) AwaitsPeersMapping() bool {
 	return r.Provider == fabric.BackendSHM && fabric.RuntimeVersion().Major() < 2
 }
 
-// noteSent records that an op of this endpoint was aimed at p, once per
-// peer (Xfer.Aim), for awaitPeersMapping.
+// noteSent records that a post of an op of this endpoint toward p
+// reached shm, once per peer (the jobs' OnPost), for awaitPeersMapping:
+// 1.x's shm sends its name to a new peer then, even for a post it
+// refuses, before any op goes through. A job the close failed before it
+// posted anything sent nothing, and the close does not wait for it.
 func (r *Route) noteSent(p *Peer) {
 	pid := ShmPeerPID(p.raw)
-	if !r.awaitsPeersMapping() || pid <= 0 || pid == os.Getpid() {
+	if !r.AwaitsPeersMapping() || pid <= 0 || pid == os.Getpid() {
 		return
 	}
 	r.sentMu.Lock()

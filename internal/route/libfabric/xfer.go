@@ -67,6 +67,7 @@ func (r *Route) NewXfer(local Holder) *Xfer {
 	x := xferPool.Get().(*Xfer)
 	x.r, x.local = r, local
 	x.job.OnIdle = xferIdle
+	x.job.OnPost = xferPosted
 	x.refs.Store(1) // the waiter's; Submit adds the loop's
 	return x
 }
@@ -110,10 +111,6 @@ func (x *Xfer) Local() Holder { return x.local }
 // elsewhere). It sets the provider's liveness check.
 func (x *Xfer) Aim(p *Peer, op progress.Op, start, deadline time.Time, pid int) {
 	x.peer = p
-	if !p.sent.Load() {
-		p.sent.Store(true)
-		x.r.noteSent(p)
-	}
 	j := x.job
 	j.Op, j.Peer, j.PeerName, j.Start, j.Deadline = op, p.addr, p.name, start, deadline
 	switch x.r.Provider {
@@ -134,6 +131,16 @@ func (x *Xfer) Submit() error {
 		return err
 	}
 	return nil
+}
+
+// xferPosted is the jobs' OnPost: the endpoint's first op toward a
+// peer reached the provider (noteSent).
+func xferPosted(j *progress.Job) {
+	p := j.Tag.(*Xfer).peer
+	if p != nil && !p.sent.Load() {
+		p.sent.Store(true)
+		p.r.noteSent(p)
+	}
 }
 
 // xferIdle is the jobs' OnIdle: the loop's release.
