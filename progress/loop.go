@@ -54,11 +54,13 @@ type Job struct {
 	// when a timed-out chunk completes late. Local memory of the job must
 	// stay mapped until then.
 	OnIdle func(*Job)
-	// OnPost, when set, runs where the job's ops are posted, once per
-	// use of the job: when a post of one of its ops first reached the
-	// provider, even one it refused (FI_EAGAIN). A provider may tell
-	// the peer of this endpoint then, before any op goes through (1.x
-	// shm sends its name).
+	// OnPost, when set, runs where the job's ops are posted, under the
+	// loop's drive lock on whichever goroutine drives, once per use of
+	// the job: when a post of one of its ops first reached the provider,
+	// even one it refused (FI_EAGAIN) or failed. A provider may tell the
+	// peer of this endpoint then, before any op goes through (1.x shm
+	// sends its name). It must not call the loop (Do would wait for
+	// itself).
 	OnPost func(*Job)
 
 	// Errs holds one error per failed chunk, a *TimeoutError when the
@@ -169,6 +171,8 @@ type Loop struct {
 	// the background goroutine loads it each round without the lock.
 	closing     atomic.Bool
 	beforeClose func()
+	// stoppedPosting: CloseAfter's stopped, run by the shutdown.
+	stoppedPosting func(progress func() bool)
 
 	drive   sync.Mutex    // held for every endpoint call and the state below
 	drivers atomic.Int32  // goroutines driving progress in Wait
@@ -961,8 +965,21 @@ func (l *Loop) do(fn func()) error {
 // WedgeAfter, it returns that *WedgedError instead of waiting forever: the
 // endpoint and what it uses are then left to the goroutine stuck in it.
 func (l *Loop) Close(beforeEndpointClose func()) error {
+	return l.CloseAfter(nil, beforeEndpointClose)
+}
+
+// CloseAfter is Close, which first runs stopped, when not nil, on the
+// loop's goroutine once the loop failed its jobs and posts nothing more,
+// before beforeEndpointClose: a wait for peers (a 1.x shm endpoint waits
+// for them to map its region). stopped must end by itself; it is not
+// timed as a libfabric call, but each call of the progress function it
+// gets is, as the drain's reads are. That function reaps completions and
+// drives the provider's progress, for peers' ops that need it, and
+// reports whether it found any.
+func (l *Loop) CloseAfter(stopped func(progress func() bool), beforeEndpointClose func()) error {
 	l.mu.Lock()
 	l.beforeClose = beforeEndpointClose // before closing: run may see it at once
+	l.stoppedPosting = stopped
 	already := l.closing.Swap(true)
 	l.mu.Unlock()
 	if !already {
@@ -1852,7 +1869,7 @@ func (l *Loop) shutdown() {
 	}
 	l.inbox = nil
 	l.queued.Store(false)
-	before := l.beforeClose
+	before, stopped := l.beforeClose, l.stoppedPosting
 	l.mu.Unlock()
 	for _, j := range jobs {
 		if j.finished {
@@ -1876,6 +1893,16 @@ func (l *Loop) shutdown() {
 		// which may reuse it, while the loop below still writes it.
 		l.deferSettle = true
 		l.drain(shutdownDrain)
+		l.deferSettle = false
+	}
+	if stopped != nil {
+		l.deferSettle = true // as in the drain: its reaps may complete ops
+		stopped(func() bool {
+			l.inCall.Store(monoNow())
+			worked := l.reap()
+			l.inCall.Store(0)
+			return worked
+		})
 		l.deferSettle = false
 	}
 	abandon := l.inflight > 0 && unsafeClose

@@ -1740,3 +1740,33 @@ func TestOnPostRunsOnceAPostReachedTheProvider(t *testing.T) {
 	require.True(t, isDone(jobs[0]))
 	assert.Equal(t, int32(2), posts[0].Load(), "once more in its next use")
 }
+
+// TestCloseAfterRunsStoppedUntimedOnceNothingPosts: CloseAfter's stopped
+// runs once the loop posts nothing more, its progress function drives
+// the endpoint, and a stopped that outlasts WedgeAfter does not count as
+// a libfabric call stuck past it (a 1.x shm endpoint's close waits up to
+// 500 ms there for its peers; a WedgeAfter of 100 ms made that close
+// report a wedged endpoint in a review's reading).
+func TestCloseAfterRunsStoppedUntimedOnceNothingPosts(t *testing.T) {
+	f := newFakePort()
+	const wedge = 20 * time.Millisecond
+	l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, WedgeAfter: wedge}, zerolog.Nop())
+	go l.run()
+	j := job(8, nil) // 4 ops in flight, which never complete, and 4 waiting for a slot
+	require.NoError(t, l.Submit(j))
+	require.Eventually(t, func() bool { return f.inFlight() == 4 }, 10*time.Second, time.Millisecond)
+	var postedThen, reapsThen int64
+	err := l.CloseAfter(func(progress func() bool) {
+		postedThen, reapsThen = f.posted.Load(), f.reaps.Load()
+		for start := time.Now(); time.Since(start) < 15*wedge; { // past AwaitStop's looks every 100 ms
+			progress()
+			time.Sleep(time.Millisecond) // a wait for peers, as long as it takes
+		}
+		assert.Greater(t, f.reaps.Load(), reapsThen+2, "progress reaps")
+	}, nil)
+	require.NoError(t, err, "not wedged")
+	assert.Equal(t, postedThen, f.posted.Load(), "nothing posted during or after stopped")
+	assert.Equal(t, int64(4), postedThen)
+	require.True(t, isDone(j))
+	assert.ErrorIs(t, errors.Join(j.Errs...), ErrClosed)
+}

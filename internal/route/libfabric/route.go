@@ -65,8 +65,8 @@ type Route struct {
 
 	// sentTo: the processes a post of this endpoint's ops reached shm
 	// for, on 1.x (noteSent), whom its close waits for (awaitPeersMapping).
-	// Apart from peers, which Forget clears as the manager closes, and
-	// under a lock of its own: mu may be held across an fi_av_insert.
+	// Apart from peers, which Forget clears, and under a lock of its own:
+	// mu may be held across an fi_av_insert.
 	sentMu sync.Mutex
 	sentTo map[int]struct{}
 
@@ -227,10 +227,15 @@ func (r *Route) Close() error { return r.CloseWith(nil) }
 // *progress.WedgedError of an endpoint stuck inside libfabric, which it
 // leaves behind.
 func (r *Route) CloseWith(beforeEndpointClose func()) error {
-	return r.loop.Close(func() {
-		// The loop failed its jobs: no command of this endpoint's goes
-		// out to a peer after the wait.
-		r.awaitPeersMapping(time.Now().Add(peersMappingWait))
+	var stopped func(progress func() bool)
+	if r.AwaitsPeersMapping() {
+		// Once the loop failed its jobs: no command of this endpoint's
+		// goes out to a peer after the wait.
+		stopped = func(progress func() bool) {
+			r.awaitPeersMapping(time.Now().Add(peersMappingWait), progress)
+		}
+	}
+	return r.loop.CloseAfter(stopped, func() {
 		if beforeEndpointClose != nil {
 			beforeEndpointClose()
 		}

@@ -226,14 +226,14 @@ func ShmPeerPID(name []byte) int {
 // manager 1 ms into a 128 MiB write, from a new user's review; a target
 // that mapped the region first never crashed). A peer that stays
 // stopped past deadline is left to that. CloseWith waits so once its
-// loop posts nothing more: a command sent after the wait would meet the
-// same end. A peer's shm loop may park unless something asks it to
-// poll: a manager closes such an endpoint while its connections to the
-// owners it verified are up (transport's announceShm).
-func (r *Route) awaitPeersMapping(deadline time.Time) {
-	if !r.AwaitsPeersMapping() || r.loop.Wedged() != nil {
-		return // (a wedged endpoint is never closed)
-	}
+// loop posts nothing more (progress.Loop.CloseAfter): a command sent
+// after the wait would meet the same end. It drives the endpoint's
+// progress meanwhile (progress): a peer closing at the same time waits
+// likewise for this endpoint to map its region. A peer's shm loop may
+// park unless something asks it to poll: a manager closes such an
+// endpoint while its connections to the owners it verified are up
+// (transport's announceShm).
+func (r *Route) awaitPeersMapping(deadline time.Time, progress func() bool) {
 	r.sentMu.Lock()
 	pids := make([]int, 0, len(r.sentTo))
 	for pid := range r.sentTo {
@@ -249,6 +249,9 @@ func (r *Route) awaitPeersMapping(deadline time.Time) {
 			}
 		}
 		if pids = left; len(pids) > 0 {
+			// This endpoint's progress maps the regions of peers whose
+			// own close waits for it likewise.
+			progress()
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -267,8 +270,11 @@ func (r *Route) AwaitsPeersMapping() bool {
 // refuses, before any op goes through. A job the close failed before it
 // posted anything sent nothing, and the close does not wait for it.
 func (r *Route) noteSent(p *Peer) {
+	if !r.AwaitsPeersMapping() {
+		return
+	}
 	pid := ShmPeerPID(p.raw)
-	if !r.AwaitsPeersMapping() || pid <= 0 || pid == os.Getpid() {
+	if pid <= 0 || pid == os.Getpid() {
 		return
 	}
 	r.sentMu.Lock()
