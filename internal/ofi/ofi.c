@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdio.h>
 
@@ -373,11 +374,28 @@ int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms)
 	struct pollfd pfd[2] = { { .fd = e->wait_fd, .events = POLLIN },
 				 { .fd = sig_fd, .events = POLLIN } };
 	uint64_t drained;
-	int ret;
+	struct timespec start, now;
+	int ret, left = timeout_ms;
+	long long spent;
 
-	ret = poll(pfd, 2, timeout_ms);
-	if (ret <= 0)
-		return 0; /* timed out, or a signal to the thread */
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		ret = poll(pfd, 2, left);
+		if (ret > 0)
+			break;
+		if (ret == 0 || errno != EINTR)
+			return 0;
+		/* A signal to the thread (the Go runtime sends its threads
+		 * some): block for the rest of the time. */
+		if (timeout_ms < 0)
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		spent = (long long)(now.tv_sec - start.tv_sec) * 1000 +
+			(now.tv_nsec - start.tv_nsec) / 1000000;
+		if (spent >= timeout_ms)
+			return 0;
+		left = timeout_ms - (int)spent;
+	}
 	if (pfd[1].revents & POLLIN)
 		(void)!read(sig_fd, &drained, sizeof(drained));
 	if (pfd[0].revents & POLLIN)

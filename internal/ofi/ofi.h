@@ -90,7 +90,8 @@ int ft_trywait(struct ft_ep *e);
 
 /* Blocks up to timeout_ms on the CQ's wait fd and sig_fd (an eventfd,
  * consumed here); returns 2 when the CQ's fd woke it (traffic), 1 when
- * sig_fd alone did, 0 on timeout or a signal to the thread, and minus the
+ * sig_fd alone did, 0 on timeout (a signal to the thread does not end
+ * the block) or a failed poll, and minus the
  * CQ fd's revents when it reported POLLERR, POLLHUP or POLLNVAL. It calls
  * no libfabric function. */
 int ft_block(struct ft_ep *e, int sig_fd, int timeout_ms);

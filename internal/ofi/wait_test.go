@@ -2,12 +2,18 @@ package ofi
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // openSideWith is openSide with a CQ wait fd when wait, and options.
@@ -132,4 +138,54 @@ func TestTargetSignals(t *testing.T) {
 		require.NoError(t, run(t, a, b, op))
 		assert.Equal(t, uint64(1), b.ep.RemoteOps(), "the write the target's progress applied")
 	})
+}
+
+// TestBlockOutlastsSignals: a signal to the thread blocked on the CQ's
+// wait fd does not end the block; the Signal that follows does. The Go
+// runtime signals its threads (preemption, SIGURG), and the block used to
+// return then as if nothing had come: TestTargetSignals/tcp failed once in
+// CI, its block over before the peer's read arrived.
+func TestBlockOutlastsSignals(t *testing.T) {
+	info := rmaInfo(t, "tcp;ofi_rxm", 0)
+	b := openSideWith(t, info, true, EndpointOptions{})
+	require.True(t, b.ep.Waitable(), "tcp;ofi_rxm's CQ takes an FI_WAIT_FD wait object")
+	mayBlock, err := b.ep.TryWait()
+	require.NoError(t, err)
+	require.True(t, mayBlock, "nothing is pending on a new endpoint")
+	tids := make(chan int, 1)
+	type result struct {
+		traffic, signalled bool
+		err                error
+	}
+	ended := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // the thread the signals go to stays the one that blocks
+		defer runtime.UnlockOSThread()
+		tids <- unix.Gettid()
+		var r result
+		r.traffic, r.signalled, r.err = b.ep.Block(10_000)
+		ended <- r
+	}()
+	tid := <-tids
+	require.Eventually(t, func() bool { return blockedInPoll(tid) }, 10*time.Second, time.Millisecond, "the block's thread polls")
+	for i := 0; i < 3; i++ {
+		require.NoError(t, unix.Tgkill(os.Getpid(), tid, unix.SIGURG))
+	}
+	b.ep.Signal()
+	r := <-ended
+	require.NoError(t, r.err)
+	assert.False(t, r.traffic)
+	assert.True(t, r.signalled, "the block ended at the Signal, not at the signals before it")
+}
+
+// blockedInPoll reports whether thread tid of this process is inside
+// poll or ppoll, as /proc says.
+func blockedInPoll(tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/syscall", tid))
+	if err != nil {
+		return false
+	}
+	nr, _, _ := strings.Cut(string(b), " ")
+	n, err := strconv.Atoi(nr)
+	return err == nil && (n == unix.SYS_PPOLL || runtime.GOARCH == "amd64" && n == 7) // 7: amd64's poll
 }
