@@ -171,8 +171,10 @@ type Loop struct {
 	// the background goroutine loads it each round without the lock.
 	closing     atomic.Bool
 	beforeClose func()
-	// stoppedPosting: CloseAfter's stopped, run by the shutdown.
+	// stoppedPosting: CloseAfter's stopped, run by the shutdown, and
+	// its bound.
 	stoppedPosting func(progress func() bool)
+	stoppedBound   time.Duration
 
 	drive   sync.Mutex    // held for every endpoint call and the state below
 	drivers atomic.Int32  // goroutines driving progress in Wait
@@ -965,21 +967,24 @@ func (l *Loop) do(fn func()) error {
 // WedgeAfter, it returns that *WedgedError instead of waiting forever: the
 // endpoint and what it uses are then left to the goroutine stuck in it.
 func (l *Loop) Close(beforeEndpointClose func()) error {
-	return l.CloseAfter(nil, beforeEndpointClose)
+	return l.CloseAfter(nil, 0, beforeEndpointClose)
 }
 
 // CloseAfter is Close, which first runs stopped, when not nil, on the
 // loop's goroutine once the loop failed its jobs and posts nothing more,
 // before beforeEndpointClose: a wait for peers (a 1.x shm endpoint waits
-// for them to map its region). stopped must end by itself; it is not
-// timed as a libfabric call, but each call of the progress function it
-// gets is, as the drain's reads are. That function reaps completions and
-// drives the provider's progress, for peers' ops that need it, and
-// reports whether it found any.
-func (l *Loop) CloseAfter(stopped func(progress func() bool), beforeEndpointClose func()) error {
+// for them to map its region), which should end within bound. Only once
+// it ran past bound does it count toward WedgeAfter, as a libfabric call
+// that does not return would; each call of the progress function it gets
+// is timed as one from its start, as the drain's reads are. That function
+// reaps completions and drives the provider's progress, for peers' ops
+// that need it, and reports whether it found any.
+func (l *Loop) CloseAfter(stopped func(progress func() bool), bound time.Duration, beforeEndpointClose func()) error {
 	l.mu.Lock()
 	l.beforeClose = beforeEndpointClose // before closing: run may see it at once
-	l.stoppedPosting = stopped
+	if stopped != nil {
+		l.stoppedPosting, l.stoppedBound = stopped, bound
+	}
 	already := l.closing.Swap(true)
 	l.mu.Unlock()
 	if !already {
@@ -1869,7 +1874,7 @@ func (l *Loop) shutdown() {
 	}
 	l.inbox = nil
 	l.queued.Store(false)
-	before, stopped := l.beforeClose, l.stoppedPosting
+	before, stopped, bound := l.beforeClose, l.stoppedPosting, l.stoppedBound
 	l.mu.Unlock()
 	for _, j := range jobs {
 		if j.finished {
@@ -1896,14 +1901,19 @@ func (l *Loop) shutdown() {
 		l.deferSettle = false
 	}
 	if stopped != nil {
+		// Timed as a call that began at its bound: it reads other
+		// processes' state, which may hang, and must not hang Close.
+		stamp := monoNow() + int64(bound)
+		l.inCall.Store(stamp)
 		l.deferSettle = true // as in the drain: its reaps may complete ops
 		stopped(func() bool {
 			l.inCall.Store(monoNow())
 			worked := l.reap()
-			l.inCall.Store(0)
+			l.inCall.Store(stamp)
 			return worked
 		})
 		l.deferSettle = false
+		l.inCall.Store(0)
 	}
 	abandon := l.inflight > 0 && unsafeClose
 	clear(l.slots)

@@ -1743,30 +1743,51 @@ func TestOnPostRunsOnceAPostReachedTheProvider(t *testing.T) {
 
 // TestCloseAfterRunsStoppedUntimedOnceNothingPosts: CloseAfter's stopped
 // runs once the loop posts nothing more, its progress function drives
-// the endpoint, and a stopped that outlasts WedgeAfter does not count as
-// a libfabric call stuck past it (a 1.x shm endpoint's close waits up to
-// 500 ms there for its peers; a WedgeAfter of 100 ms made that close
-// report a wedged endpoint in a review's reading).
+// the endpoint, and a stopped that outlasts WedgeAfter within its bound
+// does not count as a libfabric call stuck past it (a 1.x shm endpoint's
+// close waits up to 500 ms there for its peers; a WedgeAfter of 100 ms
+// made that close report a wedged endpoint in a review's reading). One
+// that hangs past its bound and WedgeAfter does: Close returns.
 func TestCloseAfterRunsStoppedUntimedOnceNothingPosts(t *testing.T) {
-	f := newFakePort()
 	const wedge = 20 * time.Millisecond
-	l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, WedgeAfter: wedge}, zerolog.Nop())
-	go l.run()
-	j := job(8, nil) // 4 ops in flight, which never complete, and 4 waiting for a slot
-	require.NoError(t, l.Submit(j))
-	require.Eventually(t, func() bool { return f.inFlight() == 4 }, 10*time.Second, time.Millisecond)
-	var postedThen, reapsThen int64
-	err := l.CloseAfter(func(progress func() bool) {
-		postedThen, reapsThen = f.posted.Load(), f.reaps.Load()
-		for start := time.Now(); time.Since(start) < 15*wedge; { // past AwaitStop's looks every 100 ms
-			progress()
-			time.Sleep(time.Millisecond) // a wait for peers, as long as it takes
+	start := func(t *testing.T) (*Loop, *fakePort, *Job) {
+		f := newFakePort()
+		l := newLoop(f, 4, PollPolicy{Spin: time.Millisecond, WedgeAfter: wedge}, zerolog.Nop())
+		go l.run()
+		j := job(8, nil) // 4 ops in flight, which never complete, and 4 waiting for a slot
+		require.NoError(t, l.Submit(j))
+		require.Eventually(t, func() bool { return f.inFlight() == 4 }, 10*time.Second, time.Millisecond)
+		return l, f, j
+	}
+	t.Run("within its bound", func(t *testing.T) {
+		l, f, j := start(t)
+		var postedThen, reapsThen int64
+		err := l.CloseAfter(func(progress func() bool) {
+			postedThen, reapsThen = f.posted.Load(), f.reaps.Load()
+			for start := time.Now(); time.Since(start) < 15*wedge; { // past AwaitStop's looks every 100 ms
+				progress()
+				time.Sleep(time.Millisecond) // a wait for peers, as long as it takes
+			}
+			assert.Greater(t, f.reaps.Load(), reapsThen+2, "progress reaps")
+		}, time.Second, nil)
+		require.NoError(t, err, "not wedged")
+		assert.Equal(t, postedThen, f.posted.Load(), "nothing posted during or after stopped")
+		assert.Equal(t, int64(4), postedThen)
+		require.True(t, isDone(j))
+		assert.ErrorIs(t, errors.Join(j.Errs...), ErrClosed)
+	})
+	t.Run("hung past it", func(t *testing.T) {
+		l, _, _ := start(t)
+		release := make(chan struct{})
+		defer close(release)
+		closed := make(chan error, 1)
+		go func() { closed <- l.CloseAfter(func(func() bool) { <-release }, 10*time.Millisecond, nil) }()
+		select {
+		case err := <-closed:
+			var we *WedgedError
+			require.ErrorAs(t, err, &we)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return with stopped hung past its bound and WedgeAfter")
 		}
-		assert.Greater(t, f.reaps.Load(), reapsThen+2, "progress reaps")
-	}, nil)
-	require.NoError(t, err, "not wedged")
-	assert.Equal(t, postedThen, f.posted.Load(), "nothing posted during or after stopped")
-	assert.Equal(t, int64(4), postedThen)
-	require.True(t, isDone(j))
-	assert.ErrorIs(t, errors.Join(j.Errs...), ErrClosed)
+	})
 }

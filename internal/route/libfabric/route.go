@@ -235,7 +235,7 @@ func (r *Route) CloseWith(beforeEndpointClose func()) error {
 			r.awaitPeersMapping(time.Now().Add(peersMappingWait), progress)
 		}
 	}
-	return r.loop.CloseAfter(stopped, func() {
+	return r.loop.CloseAfter(stopped, peersMappingWait, func() {
 		if beforeEndpointClose != nil {
 			beforeEndpointClose()
 		}
