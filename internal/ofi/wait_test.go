@@ -170,12 +170,33 @@ func TestBlockOutlastsSignals(t *testing.T) {
 	require.Eventually(t, func() bool { return blockedInPoll(tid) }, 10*time.Second, time.Millisecond, "the block's thread polls")
 	for i := 0; i < 3; i++ {
 		require.NoError(t, unix.Tgkill(os.Getpid(), tid, unix.SIGURG))
+		// The Signal below must come once the signal was delivered: a
+		// poll that a signal interrupts looks at its fds again first.
+		require.Eventually(t, func() bool {
+			return !signalPending(tid, unix.SIGURG) && (blockedInPoll(tid) || len(ended) > 0)
+		}, 10*time.Second, time.Millisecond, "signal %d delivered", i)
 	}
 	b.ep.Signal()
 	r := <-ended
 	require.NoError(t, r.err)
 	assert.False(t, r.traffic)
 	assert.True(t, r.signalled, "the block ended at the Signal, not at the signals before it")
+}
+
+// signalPending reports whether sig is pending for thread tid of this
+// process (SigPnd in its /proc status).
+func signalPending(tid int, sig unix.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/status", tid))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "SigPnd:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	return false
 }
 
 // blockedInPoll reports whether thread tid of this process is inside
