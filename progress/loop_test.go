@@ -1741,14 +1741,14 @@ func TestOnPostRunsOnceAPostReachedTheProvider(t *testing.T) {
 	assert.Equal(t, int32(2), posts[0].Load(), "once more in its next use")
 }
 
-// TestCloseAfterRunsStoppedUntimedOnceNothingPosts: CloseAfter's stopped
+// TestCloseAfterRunsStoppedOnceNothingPosts: CloseAfter's stopped
 // runs once the loop posts nothing more, its progress function drives
 // the endpoint, and a stopped that outlasts WedgeAfter within its bound
 // does not count as a libfabric call stuck past it (a 1.x shm endpoint's
 // close waits up to 500 ms there for its peers; a WedgeAfter of 100 ms
 // made that close report a wedged endpoint in a review's reading). One
 // that hangs past its bound and WedgeAfter does: Close returns.
-func TestCloseAfterRunsStoppedUntimedOnceNothingPosts(t *testing.T) {
+func TestCloseAfterRunsStoppedOnceNothingPosts(t *testing.T) {
 	const wedge = 20 * time.Millisecond
 	start := func(t *testing.T) (*Loop, *fakePort, *Job) {
 		f := newFakePort()
