@@ -751,6 +751,11 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		return rt, fmt.Errorf("%w: the owner is on this node but no same-node route may be used (%s), and it offers no other route this manager has (owner: %v, here: %v)",
 			ErrAccessDenied, rt.refused, r.Providers(), local)
 	}
+	if len(r.eps) == 0 {
+		// No decoded or registered handle is empty (check): only Via
+		// empties one, given a route that was not this handle's.
+		return rt, fmt.Errorf("%w: the handle names no endpoint of its owner: RemoteBuffer.Via keeps only the endpoints of the route it is given; give it the Route that Manager.Route returned for this handle", ErrNoRoute)
+	}
 	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
 }
 

@@ -51,6 +51,26 @@ func TestVia(t *testing.T) {
 	}
 }
 
+// TestViaAnotherRoute: a handle narrowed to a route that is not its own
+// keeps no endpoint, and a transfer with it says so and names the fix,
+// instead of listing an empty offer as if the owner had made it.
+func TestViaAnotherRoute(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	owner := testpeer.Start(t, testenv.RouteTCP)
+	h := owner.Register(4096, mr.ReadWrite, 3)
+	m, err := transport.New(context.Background(), transport.WithProviders(testenv.RouteTCP))
+	require.NoError(t, err)
+	defer m.Close()
+	local := register(t, m, alloc(t, 4096), mr.ReadWrite)
+	for _, rt := range []transport.Route{{}, {Backend: "efa"}, {Backend: testenv.RouteTCP, Host: "192.0.2.1"}} {
+		via := h.Via(rt)
+		assert.Empty(t, via.Providers(), "route %+v", rt)
+		err := m.ReadInto(context.Background(), local, via)
+		require.ErrorIs(t, err, transport.ErrNoRoute, "route %+v", rt)
+		assert.Contains(t, err.Error(), "RemoteBuffer.Via keeps only the endpoints of the route it is given", "route %+v", rt)
+	}
+}
+
 // TestReleased: Released closes once the buffer is closed and nothing
 // uses its memory (at once for an idle one, whoever closed it), and not
 // before. The case it is for, a Close that left ops with the provider,
