@@ -744,6 +744,9 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	if m.cma != nil {
 		local = append(local, cma.Name)
 	}
+	if m.memOn {
+		local = append(local, mem.Name)
+	}
 	if rt.gone != nil {
 		return rt, rt.gone
 	}

@@ -199,6 +199,12 @@ func TestRouting(t *testing.T) {
 	err = shmOnly.ReadInto(ctxTimeout(t, 5*time.Second), register(t, shmOnly, alloc(t, 4096), 0), h)
 	assert.ErrorIs(t, err, transport.ErrNoRoute)
 	assert.Contains(t, err.Error(), "tcp;ofi_rxm")
+
+	// Nor can one with mem only, and it says what it has.
+	memOnly := newManager(t, transport.WithProviders("mem"))
+	_, err = memOnly.Route(h)
+	assert.ErrorIs(t, err, transport.ErrNoRoute)
+	assert.Contains(t, err.Error(), "offers [tcp;ofi_rxm], this manager has [mem]")
 }
 
 func TestConcurrentDisjointSlices(t *testing.T) {
