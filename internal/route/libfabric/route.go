@@ -67,8 +67,7 @@ type Route struct {
 	// for, on 1.x (noteSent), whom its close waits for (awaitPeersMapping).
 	// Apart from peers, which Forget clears, and under a lock of its own:
 	// mu may be held across an fi_av_insert.
-	sentMu sync.Mutex
-	sentTo map[int]struct{}
+	sentTo pidSet
 
 	mu    sync.Mutex
 	peers map[string]*Peer // endpoint name → address

@@ -234,12 +234,7 @@ func ShmPeerPID(name []byte) int {
 // endpoint while its connections to the owners it verified are up
 // (transport's announceShm).
 func (r *Route) awaitPeersMapping(deadline time.Time, progress func() bool) {
-	r.sentMu.Lock()
-	pids := make([]int, 0, len(r.sentTo))
-	for pid := range r.sentTo {
-		pids = append(pids, pid)
-	}
-	r.sentMu.Unlock()
+	pids := r.sentTo.list()
 	self := [][]byte{r.name}
 	for len(pids) > 0 && time.Now().Before(deadline) {
 		left := pids[:0]
@@ -277,10 +272,50 @@ func (r *Route) noteSent(p *Peer) {
 	if pid <= 0 || pid == os.Getpid() {
 		return
 	}
-	r.sentMu.Lock()
-	if r.sentTo == nil {
-		r.sentTo = map[int]struct{}{}
-	}
-	r.sentTo[pid] = struct{}{}
-	r.sentMu.Unlock()
+	r.sentTo.note(pid)
 }
+
+// pidSet is a set of process ids that forgets gone processes as it
+// grows: a long-lived endpoint meets many peers that come and go, and the
+// gone ones are nobody to wait for.
+type pidSet struct {
+	mu   sync.Mutex
+	pids map[int]struct{}
+	kept int // the size after the last pruning
+}
+
+// note adds pid. When the set has doubled since its last pruning it first
+// drops the processes that are gone, so a note costs O(1) on average.
+func (s *pidSet) note(pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pids[pid]; ok {
+		return
+	}
+	if s.pids == nil {
+		s.pids = map[int]struct{}{}
+	}
+	if len(s.pids) >= max(prunePIDsFrom, 2*s.kept) {
+		for old := range s.pids {
+			if gone, _ := proc.Gone(old); gone {
+				delete(s.pids, old)
+			}
+		}
+		s.kept = len(s.pids)
+	}
+	s.pids[pid] = struct{}{}
+}
+
+// list returns the pids.
+func (s *pidSet) list() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int, 0, len(s.pids))
+	for pid := range s.pids {
+		out = append(out, pid)
+	}
+	return out
+}
+
+// prunePIDsFrom is the size below which a pidSet prunes nothing.
+const prunePIDsFrom = 64
