@@ -1,14 +1,14 @@
 // Package proc answers what fitransfer asks the OS about other processes:
-// whether one is gone.
+// whether one is gone, and what it maps.
 package proc
 
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -86,21 +86,29 @@ func PidfdExited(pidfd int) bool {
 	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
 }
 
-// Maps reports whether process pid maps the file whose device and inode
-// (as fstat gives them) are dev and ino, by its /proc/PID/maps. An owner
-// asks it of a peer's use page: a peer that still maps the page may still
-// mark ops in it. It reports true when the maps cannot be read (unless
-// the process is gone): the caller then keeps assuming the mapping. Only
-// mappings count, not open descriptors: a peer maps its use page as it
-// receives it, and never maps it again once it unmapped it.
-func Maps(pid int, dev, ino uint64) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
-	if err != nil {
-		gone, _ := Gone(pid)
-		return !gone
+// Mapping is one line of /proc/PID/maps: a range of the process's
+// address space and the file behind it.
+type Mapping struct {
+	Start, End uint64
+	Dev        uint64 // the file's device, as fstat gives it (unix.Mkdev)
+	Inode      uint64
+	// Path is the file's path, " (deleted)" at its end when the file
+	// was removed since; empty for anonymous memory.
+	Path string
+}
+
+// ReadMaps reads process pid's mappings from /proc/PID/maps (pid 0: this
+// process): what the kernel says the process maps, whatever it told.
+func ReadMaps(pid int) ([]Mapping, error) {
+	path := "/proc/self/maps"
+	if pid != 0 {
+		path = "/proc/" + strconv.Itoa(pid) + "/maps"
 	}
-	// "start-end perms offset MAJ:MIN inode path": the device in hex.
-	want := fmt.Sprintf(" %02x:%02x %d ", unix.Major(dev), unix.Minor(dev), ino)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []Mapping
 	for len(b) > 0 {
 		line := b
 		if i := bytes.IndexByte(b, '\n'); i >= 0 {
@@ -108,7 +116,61 @@ func Maps(pid int, dev, ino uint64) bool {
 		} else {
 			b = nil
 		}
-		if bytes.Contains(line, []byte(want)) {
+		if m, ok := parseMapping(line); ok {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// parseMapping parses "start-end perms offset MAJ:MIN inode path", the
+// numbers in hex but the inode; the path (which may hold spaces) is the
+// rest of the line past the padding.
+func parseMapping(line []byte) (Mapping, bool) {
+	var m Mapping
+	field := func() string {
+		line = bytes.TrimLeft(line, " ")
+		i := bytes.IndexByte(line, ' ')
+		if i < 0 {
+			i = len(line)
+		}
+		f := string(line[:i])
+		line = line[i:]
+		return f
+	}
+	addrs, _, _, dev, ino := field(), field(), field(), field(), field()
+	lo, hi, ok1 := strings.Cut(addrs, "-")
+	major, minor, ok2 := strings.Cut(dev, ":")
+	var errs [5]error
+	m.Start, errs[0] = strconv.ParseUint(lo, 16, 64)
+	m.End, errs[1] = strconv.ParseUint(hi, 16, 64)
+	maj, e2 := strconv.ParseUint(major, 16, 32)
+	mnr, e3 := strconv.ParseUint(minor, 16, 32)
+	errs[2], errs[3] = e2, e3
+	m.Inode, errs[4] = strconv.ParseUint(ino, 10, 64)
+	if !ok1 || !ok2 || errors.Join(errs[:]...) != nil {
+		return Mapping{}, false
+	}
+	m.Dev = unix.Mkdev(uint32(maj), uint32(mnr))
+	m.Path = string(bytes.TrimLeft(line, " "))
+	return m, true
+}
+
+// Maps reports whether process pid maps the file whose device and inode
+// (as fstat gives them) are dev and ino. An owner asks it of a peer's use
+// page: a peer that still maps the page may still mark ops in it. It
+// reports true when the maps cannot be read (unless the process is gone):
+// the caller then keeps assuming the mapping. Only mappings count, not
+// open descriptors: a peer maps its use page as it receives it, and never
+// maps it again once it unmapped it.
+func Maps(pid int, dev, ino uint64) bool {
+	maps, err := ReadMaps(pid)
+	if err != nil {
+		gone, _ := Gone(pid)
+		return !gone
+	}
+	for _, m := range maps {
+		if m.Dev == dev && m.Inode == ino {
 			return true
 		}
 	}

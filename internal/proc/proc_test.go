@@ -1,4 +1,4 @@
-package proc
+package proc_test
 
 import (
 	"os"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
@@ -32,9 +33,9 @@ func procState(pid int) byte {
 // reaped), which kill(pid, 0) still finds, is, and its pidfd says so
 // (PidfdExited); so is a reaped one.
 func TestGone(t *testing.T) {
-	gone, why := Gone(os.Getpid())
+	gone, why := proc.Gone(os.Getpid())
 	assert.False(t, gone, why)
-	gone, _ = Gone(0)
+	gone, _ = proc.Gone(0)
 	assert.False(t, gone, "no pid: nothing to say")
 
 	cmd := exec.Command("true")
@@ -55,18 +56,18 @@ func TestGone(t *testing.T) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	require.NoError(t, err)
 	defer unix.Close(pidfd)
-	assert.True(t, PidfdExited(pidfd), "a zombie's pidfd says it exited")
+	assert.True(t, proc.PidfdExited(pidfd), "a zombie's pidfd says it exited")
 	self, err := unix.PidfdOpen(os.Getpid(), 0)
 	require.NoError(t, err)
 	defer unix.Close(self)
-	assert.False(t, PidfdExited(self), "a live process's pidfd does not")
-	gone, why = Gone(pid)
+	assert.False(t, proc.PidfdExited(self), "a live process's pidfd does not")
+	gone, why = proc.Gone(pid)
 	assert.True(t, gone, "a zombie is gone")
 	assert.Contains(t, why, "zombie")
 
 	require.NoError(t, cmd.Wait())
 	reaped = true
-	gone, why = Gone(pid)
+	gone, why = proc.Gone(pid)
 	assert.True(t, gone, "a reaped process is gone")
 	assert.Contains(t, why, "no longer exists")
 }
@@ -83,10 +84,44 @@ func TestGoneAllocatesLittle(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	pid := cmd.Process.Pid
 	allocs := testing.AllocsPerRun(100, func() {
-		if gone, why := Gone(pid); gone {
+		if gone, why := proc.Gone(pid); gone {
 			t.Fatalf("a live process is gone: %s", why)
 		}
 	})
 	t.Logf("%v allocations", allocs)
 	assert.LessOrEqual(t, allocs, 1.0)
+}
+
+// TestMaps: a file this process maps shows in its maps, by device and
+// inode (Maps) and by path, with its range (ReadMaps); once unmapped it
+// does not. Paths keep their spaces and the kernel's " (deleted)".
+func TestMaps(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "maps test")
+	require.NoError(t, err)
+	defer f.Close()
+	const size = 3 * 4096
+	require.NoError(t, f.Truncate(size))
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(int(f.Fd()), &st))
+	b, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(f.Name()))
+
+	assert.True(t, proc.Maps(os.Getpid(), uint64(st.Dev), st.Ino))
+	maps, err := proc.ReadMaps(0)
+	require.NoError(t, err)
+	var found []proc.Mapping
+	for _, m := range maps {
+		if m.Inode == st.Ino && m.Dev == uint64(st.Dev) {
+			found = append(found, m)
+		}
+	}
+	require.Len(t, found, 1)
+	assert.Equal(t, f.Name()+" (deleted)", found[0].Path)
+	assert.Equal(t, uint64(size), found[0].End-found[0].Start)
+
+	require.NoError(t, unix.Munmap(b))
+	assert.False(t, proc.Maps(os.Getpid(), uint64(st.Dev), st.Ino))
+	_, err = proc.ReadMaps(1 << 23) // no such process
+	assert.Error(t, err)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/mr"
 )
 
@@ -128,17 +129,14 @@ func cmaMissing(cmaEnv, scopeFile string) string {
 // mapped a buffer (the mem route), or let it go.
 func MemfdMappings(t testing.TB, pid int, size uint64) int {
 	t.Helper()
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, l := range strings.Split(string(maps), "\n") {
-		var lo, hi uint64
-		if strings.Contains(l, "/memfd:fitransfer") {
-			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && hi-lo == size {
-				n++
-			}
+	for _, m := range maps {
+		if strings.HasPrefix(m.Path, "/memfd:fitransfer") && m.End-m.Start == size {
+			n++
 		}
 	}
 	return n

@@ -116,22 +116,21 @@ func shmRegionExists(name []byte) bool {
 // this process maps that endpoint's region (/dev/shm/PID:UID:INDEX, its
 // file deleted or not), by /proc/self/maps: what the kernel says this
 // process's shm maps hold, whatever peers said.
-func shmRegionsMapped(names [][]byte) []bool { return shmRegionsMappedBy("self", names) }
+func shmRegionsMapped(names [][]byte) []bool { return shmRegionsMappedBy(0, names) }
 
-// shmRegionsMappedBy is shmRegionsMapped for process proc ("self", or a
-// process id): whether it maps each of names' regions. All false when
-// its maps cannot be read.
-func shmRegionsMappedBy(proc string, names [][]byte) []bool {
+// shmRegionsMappedBy is shmRegionsMapped for process pid (0: this one):
+// whether it maps each of names' regions. All false when its maps cannot
+// be read.
+func shmRegionsMappedBy(pid int, names [][]byte) []bool {
 	out := make([]bool, len(names))
-	maps, err := os.ReadFile("/proc/" + proc + "/maps")
+	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		return out
 	}
 	mapped := map[string]bool{}
-	for _, l := range strings.Split(string(maps), "\n") {
-		if i := strings.Index(l, " /dev/shm/"); i >= 0 {
-			path := strings.TrimSuffix(strings.TrimSpace(l[i+1:]), " (deleted)")
-			mapped[strings.TrimPrefix(path, "/dev/shm/")] = true
+	for _, m := range maps {
+		if region, ok := strings.CutPrefix(strings.TrimSuffix(m.Path, " (deleted)"), "/dev/shm/"); ok {
+			mapped[region] = true
 		}
 	}
 	for i, name := range names {
@@ -239,7 +238,7 @@ func (r *Route) awaitPeersMapping(deadline time.Time, progress func() bool) {
 	for len(pids) > 0 && time.Now().Before(deadline) {
 		left := pids[:0]
 		for _, pid := range pids {
-			if gone, _ := proc.Gone(pid); !gone && !shmRegionsMappedBy(strconv.Itoa(pid), self)[0] {
+			if gone, _ := proc.Gone(pid); !gone && !shmRegionsMappedBy(pid, self)[0] {
 				left = append(left, pid)
 			}
 		}
