@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,4 +143,59 @@ func TestCloseAfterShmReplacement(t *testing.T) {
 		assert.Contains(t, err.Error(), "do not free or reuse the memory")
 		assert.Equal(t, err, b.Close(), "a second Close says the same")
 	})
+}
+
+// TestCloseWhileCheckingAHandle: Close, while a request waits for its
+// handle check over shm (the owner's guard entry, read before any op of
+// the request may go out) on an endpoint that does not serve it (inside a
+// call that has not returned, as toward a stopped owner's shm on 2.x),
+// ends that wait: the request fails with ErrClosed, not at its own
+// deadline, which may be an hour away, and Close goes on.
+func TestCloseWhileCheckingAHandle(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	m, err := transport.New(context.Background(), transport.WithProviders(testenv.RouteSHM), transport.WithTimeout(time.Hour))
+	require.NoError(t, err)
+	transport.GuardOverShm(m)
+	owner := testpeer.Start(t, testenv.RouteSHM)
+	h := owner.Register(4096, mr.ReadWrite, 1)
+	local := register(t, m, alloc(t, 4096), mr.ReadWrite)
+	// The owner verified and its address inserted; the second buffer's
+	// guard entry, in a slot not read yet, needs a check.
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, h))
+	h2 := owner.Register(4096, mr.ReadWrite, 2)
+	require.False(t, transport.EntryKept(m, h2))
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	defer let()
+	transport.HoldOpsEndpoint(m, release)
+	posted := transport.LoopPosted(m)
+	waited := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	go func() { waited <- m.ReadInto(ctx, local, h2) }()
+	// The check's job is in the loop's inbox, behind the held call, once
+	// the request waits for it: nothing posts meanwhile, so wait for the
+	// request to hold the manager (Close then waits for it).
+	require.Eventually(t, func() bool { return transport.RequestsUnderWay(m) == 1 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, posted, transport.LoopPosted(m), "nothing was posted behind the held call")
+
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err = <-waited:
+	case <-time.After(3 * time.Second): // the hold would end it at the wedge, after WedgeAfter (10 s)
+		t.Fatal("the request still waits for its handle check 3 s after Close began")
+	}
+	assert.ErrorIs(t, err, transport.ErrClosed)
+	assert.NotErrorIs(t, err, transport.ErrTimeout)
+	assert.NotErrorIs(t, err, context.Canceled, "nobody canceled the request's context")
+	assert.Contains(t, err.Error(), "handle check")
+	let()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close hangs after the check ended")
+	}
 }

@@ -235,3 +235,7 @@ func FirstShmAddress(m *Manager) string { return m.backends().sameNode.Address()
 // LeftSlots is how many slots of m's first shm endpoint's map its peers
 // left taken, as m counts them (libfabric.Route.LeaveSlots).
 func LeftSlots(m *Manager) int { return m.backends().sameNode.LeftSlots() }
+
+// RequestsUnderWay counts m's requests that hold the manager or wait for
+// their ops (Manager.requests).
+func RequestsUnderWay(m *Manager) int64 { return m.requests.Load() }

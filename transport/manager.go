@@ -69,6 +69,10 @@ type Manager struct {
 	closing   atomic.Bool
 	quit      chan struct{}
 	closeOnce sync.Once
+	// quitCtx is done, with ErrClosed as its cause, once quit is closed:
+	// for the waits under mu's read hold that take a context (withQuit).
+	quitCtx context.Context
+	endQuit context.CancelCauseFunc
 	// copying counts the requests in their copy phase (memcpy, cma, mem:
 	// counted under mu's read hold); requests, those between their hold
 	// of the manager and their release of its buffers. Close waits for
@@ -141,6 +145,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, id: newManagerID(), node: NodeID(), log: cfg.log, bufs: map[uint64]*bufState{}, closingBufs: map[uint64]*bufState{},
 		topo: topology.Tree{Root: "/sys"}, quit: make(chan struct{}), leftBudget: leftBudget, leftLimit: leftLimit}
+	m.quitCtx, m.endQuit = context.WithCancelCause(context.Background())
 	infos, err := m.discover()
 	if err != nil {
 		return nil, err
@@ -826,6 +831,9 @@ func (m *Manager) Close() error {
 		m.closing.Store(true)
 		if m.quit != nil {
 			close(m.quit)
+		}
+		if m.endQuit != nil {
+			m.endQuit(ErrClosed)
 		}
 	})
 	// A new shm endpoint under way (rotateShmOut, which holds no hold

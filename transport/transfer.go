@@ -303,6 +303,24 @@ func (m *Manager) closedErrs(errs []error) {
 	}
 }
 
+// withQuit is ctx, done also once m closes (its cause then ErrClosed),
+// and the func that lets go of it. A ctx that is never done adds nothing
+// to m's own, and costs no allocation.
+func (m *Manager) withQuit(ctx context.Context) (context.Context, func()) {
+	if m.quitCtx == nil {
+		return ctx, func() {}
+	}
+	if ctx.Done() == nil {
+		return m.quitCtx, func() {}
+	}
+	c, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(m.quitCtx, func() { cancel(ErrClosed) })
+	return c, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
 // reqTimes is a request's start, and its deadline (the context's, or
 // the manager's timeout from the start), read from the clock at the first
 // need: a request of copies no larger than a piece (mem, memcpy) has
@@ -607,7 +625,16 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		return nil
 	}
 	start, deadline := times.get()
-	if err := m.verifyGuards(ctx, start, deadline, ops, checks); err != nil {
+	// The checks wait for their reads under the manager's read hold:
+	// Close, which waits for that hold, ends them as it ends the other
+	// waits there, instead of at the request's deadline.
+	cctx, stop := m.withQuit(ctx)
+	err = m.verifyGuards(cctx, start, deadline, ops, checks)
+	stop()
+	if err != nil {
+		if ctx.Err() == nil && context.Cause(cctx) == ErrClosed && errors.Is(err, context.Canceled) {
+			return fmt.Errorf("%s: %w: the manager closed while the request waited for the owner's guard entry (its handle check; nothing moved)", ops[0].op, ErrClosed)
+		}
 		return err
 	}
 	for _, c := range checks {
