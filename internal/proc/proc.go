@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -159,20 +160,48 @@ func parseMapping(line []byte) (Mapping, bool) {
 // Maps reports whether process pid maps the file whose device and inode
 // (as fstat gives them) are dev and ino. An owner asks it of a peer's use
 // page: a peer that still maps the page may still mark ops in it. It
-// reports true when the maps cannot be read (unless the process is gone):
-// the caller then keeps assuming the mapping. Only mappings count, not
-// open descriptors: a peer maps its use page as it receives it, and never
-// maps it again once it unmapped it.
+// reports true when the maps cannot be read (unless the process is gone),
+// or not within mapsBound: the caller then keeps assuming the mapping.
+// Only mappings count, not open descriptors: a peer maps its use page as
+// it receives it, and never maps it again once it unmapped it.
 func Maps(pid int, dev, ino uint64) bool {
-	maps, err := ReadMaps(pid)
-	if err != nil {
+	type result struct {
+		maps []Mapping
+		err  error
+	}
+	// Buffered: a read that returns after the bound leaves its answer
+	// to nobody, and its goroutine ends.
+	done := make(chan result, 1)
+	read := readMaps
+	go func() {
+		maps, err := read(pid)
+		done <- result{maps, err}
+	}()
+	t := time.NewTimer(mapsBound)
+	defer t.Stop()
+	var r result
+	select {
+	case r = <-done:
+	case <-t.C:
+		// The read waits for the process's memory map lock, which
+		// the process can hold (a thread of it stuck in a fault): a
+		// peer must not hold the owner's Close by that.
+		return true
+	}
+	if r.err != nil {
 		gone, _ := Gone(pid)
 		return !gone
 	}
-	for _, m := range maps {
+	for _, m := range r.maps {
 		if m.Dev == dev && m.Inode == ino {
 			return true
 		}
 	}
 	return false
 }
+
+// mapsBound is how long Maps waits for a process's maps.
+const mapsBound = 200 * time.Millisecond
+
+// readMaps is ReadMaps, or what a test puts in its place.
+var readMaps = ReadMaps

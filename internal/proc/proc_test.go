@@ -125,3 +125,23 @@ func TestMaps(t *testing.T) {
 	_, err = proc.ReadMaps(1 << 23) // no such process
 	assert.Error(t, err)
 }
+
+// TestMapsIsBounded: Maps of a process whose maps do not come (its memory
+// map lock held: the read waits for it) answers "maps" within its bound,
+// the cautious answer, instead of waiting with the read.
+func TestMapsIsBounded(t *testing.T) {
+	stuck := make(chan struct{})
+	defer close(stuck)
+	defer proc.SetReadMaps(func(int) ([]proc.Mapping, error) {
+		<-stuck
+		return nil, nil
+	})()
+	answer := make(chan bool, 1)
+	go func() { answer <- proc.Maps(os.Getpid(), 1, 2) }()
+	select {
+	case maps := <-answer:
+		assert.True(t, maps, "unknown counts as mapped")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Maps waits with a read that does not return")
+	}
+}
