@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
 )
 
@@ -239,3 +240,15 @@ func LeftSlots(m *Manager) int { return m.backends().sameNode.LeftSlots() }
 // RequestsUnderWay counts m's requests that hold the manager or wait for
 // their ops (Manager.requests).
 func RequestsUnderWay(m *Manager) int64 { return m.requests.Load() }
+
+// ShmEndpointNames are the names of m's shm endpoints (their regions'
+// files are /dev/shm/PID:UID:INDEX).
+func ShmEndpointNames(m *Manager) [][]byte {
+	var out [][]byte
+	for _, b := range m.backends().all {
+		if b.Provider == fabric.BackendSHM {
+			out = append(out, b.EndpointName())
+		}
+	}
+	return out
+}

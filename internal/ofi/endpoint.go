@@ -295,7 +295,7 @@ func (d *Domain) ProbeEFAEmulated() (read, write bool, err error) {
 		return false, false, err
 	}
 	var ep *C.struct_fid_ep
-	if err := check("fi_endpoint", C.fi_endpoint(d.c, d.info, &ep, nil)); err != nil {
+	if err := check("fi_endpoint", C.ft_endpoint(d.c, d.info, &ep)); err != nil {
 		return false, false, err
 	}
 	defer C.fi_close(&ep.fid)
@@ -338,7 +338,7 @@ func (d *Domain) TryEndpoint() error {
 		return err
 	}
 	var ep *C.struct_fid_ep
-	if err := check("fi_endpoint", C.fi_endpoint(d.c, d.info, &ep, nil)); err != nil {
+	if err := check("fi_endpoint", C.ft_endpoint(d.c, d.info, &ep)); err != nil {
 		return err
 	}
 	return check("fi_close(endpoint)", C.fi_close(&ep.fid))

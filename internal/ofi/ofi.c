@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -150,6 +151,29 @@ static int ft_set_cuda_api_permitted(struct fid_ep *ep, int v)
 
 /* ---- endpoints ---- */
 
+static const int ft_kept_signals[] = { SIGBUS, SIGSEGV, SIGTERM, SIGINT };
+#define FT_KEPT_SIGNALS (sizeof(ft_kept_signals) / sizeof(ft_kept_signals[0]))
+
+int ft_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep)
+{
+	struct sigaction before[FT_KEPT_SIGNALS], now;
+	int saved[FT_KEPT_SIGNALS];
+	size_t i;
+	int ret;
+
+	for (i = 0; i < FT_KEPT_SIGNALS; i++)
+		saved[i] = sigaction(ft_kept_signals[i], NULL, &before[i]) == 0;
+	ret = fi_endpoint(domain, info, ep, NULL);
+	for (i = 0; i < FT_KEPT_SIGNALS; i++) {
+		if (!saved[i] || sigaction(ft_kept_signals[i], NULL, &now) != 0)
+			continue;
+		/* sa_handler shares sa_sigaction's place. */
+		if (now.sa_sigaction != before[i].sa_sigaction || now.sa_flags != before[i].sa_flags)
+			sigaction(ft_kept_signals[i], &before[i], NULL);
+	}
+	return ret;
+}
+
 int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_info *info,
 	       size_t cq_size, int cq_wait, int *waitable, struct ft_ep_opts *opts,
 	       struct ft_ep *out, const char **stage)
@@ -193,7 +217,7 @@ int ft_ep_open(struct fid_fabric *fabric, struct fid_domain *domain, struct fi_i
 			goto err;
 	}
 	*stage = "fi_endpoint";
-	ret = fi_endpoint(domain, info, &out->ep, NULL);
+	ret = ft_endpoint(domain, info, &out->ep);
 	if (ret)
 		goto err;
 	*stage = "fi_ep_bind(eq)";

@@ -76,6 +76,16 @@ struct ft_ep_opts {
 	int cuda_api_rc;
 };
 
+/* fi_endpoint, leaving the process's handlers of SIGBUS, SIGSEGV, SIGTERM
+ * and SIGINT as they were: libfabric's shm provider replaces them at its
+ * first endpoint (smr_init_sig_handlers, prov/shm/src/smr_ep.c, v1.17.0
+ * and v2.1.0, also for efa's shm peer endpoint) with one that unlinks
+ * every shm region file of the process and then calls the old handler,
+ * on every such signal: also on a fault the Go runtime turns into a
+ * recovered panic, or a SIGTERM the program catches to shut down
+ * cleanly. */
+int ft_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep);
+
 /* Opens and enables an endpoint on the domain. cq_size 0 lets the provider
  * choose. With cq_wait the CQ gets an FI_WAIT_FD wait object (ft_trywait,
  * ft_block) when the provider supports one; *waitable says whether it
