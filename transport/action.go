@@ -120,6 +120,9 @@ func (a *Action) Len() int { return len(a.ops) }
 // anything when an op was invalid, when ops conflict, or when a handle is
 // refused; otherwise a *TransferError keeps the error of every failed op.
 func (a *Action) Submit(ctx context.Context) error {
+	if ctx == nil {
+		return nilContext("Action.Submit")
+	}
 	if a.err != nil {
 		return a.err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/fitransfer/fitransfer/internal/errclass"
+	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/progress"
 )
 
@@ -40,4 +41,35 @@ func TestRetryable(t *testing.T) {
 	} {
 		assert.Equal(t, c.want, Retryable(c.err), "%s: %v", c.name, c.err)
 	}
+}
+
+// TestBadArguments: a nil context or a timeout that is not positive is
+// refused with an error that names it, not a panic or a transfer that
+// fails for another reason.
+func TestBadArguments(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		m, err := New(context.Background(), WithTimeout(d))
+		assert.Nil(t, m)
+		assert.ErrorContains(t, err, "want a positive duration", "WithTimeout(%v)", d)
+	}
+	var nilCtx context.Context
+	_, err := New(nilCtx)
+	assert.ErrorContains(t, err, "New: nil context.Context")
+
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	m, err := New(context.Background(), WithProviders(testenv.RouteTCP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b, err := m.Alloc(4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := b.Remote()
+	assert.ErrorContains(t, m.ReadInto(nilCtx, b, h), "ReadInto: nil context.Context")
+	assert.ErrorContains(t, m.WriteFrom(nilCtx, h, b), "WriteFrom: nil context.Context")
+	a := m.NewAction()
+	a.ReadInto(b, h)
+	assert.ErrorContains(t, a.Submit(nilCtx), "Action.Submit: nil context.Context")
 }

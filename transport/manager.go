@@ -140,6 +140,12 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if ctx == nil {
+		return nil, nilContext("New")
+	}
+	if cfg.timeout <= 0 {
+		return nil, fmt.Errorf("transport.New: WithTimeout(%v): want a positive duration (the deadline of transfers whose context has none)", cfg.timeout)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

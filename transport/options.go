@@ -57,7 +57,8 @@ func WithRMAPolicy(p fabric.RMAPolicy) Option { return func(c *config) { c.polic
 // several rails, from the call), or from the first wait for a same-node
 // owner's answer routing needs (its verification, the mem link, the
 // mapping of a buffer not mapped before): those waits end at the
-// transfer's deadline too, or when its context ends.
+// transfer's deadline too, or when its context ends. It must be positive:
+// New refuses 0 and less.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithChunkSize caps the size of one RMA op (default DefaultChunkSize);

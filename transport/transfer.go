@@ -27,6 +27,9 @@ import (
 // input, before anything moved. The package documentation lists the
 // classes errors.Is answers, route by route.
 func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) error {
+	if ctx == nil {
+		return nilContext("ReadInto")
+	}
 	if dst == nil {
 		return errors.New("ReadInto: nil destination buffer")
 	}
@@ -47,6 +50,9 @@ func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) e
 // manager uses WithTransmitComplete (Action.InjectComplete relaxes it
 // further for an action's writes). Errors as for ReadInto.
 func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) error {
+	if ctx == nil {
+		return nilContext("WriteFrom")
+	}
 	if src == nil {
 		return errors.New("WriteFrom: nil source buffer")
 	}
@@ -60,6 +66,11 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	}
 	ops := [1]opSpec{{op: progress.Write, local: local, remote: dst}}
 	return m.run(ctx, "write", ops[:])
+}
+
+// nilContext is the error of a call given a nil context.
+func nilContext(call string) error {
+	return fmt.Errorf("%s: nil context.Context: pass context.Background(), or a context with a deadline or a cancel", call)
 }
 
 // view is a range of a registration.

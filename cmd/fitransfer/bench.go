@@ -123,6 +123,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if o.repeat < 1 {
 		return fail(stderr, "bench", usageError{errors.New("--repeat must be >= 1")})
 	}
+	if o.timeout <= 0 {
+		return fail(stderr, "bench", usageError{fmt.Errorf("--timeout %v: want a positive duration", o.timeout)})
+	}
 	var peers *peerTools
 	if o.compare {
 		exe, err := os.Executable()

@@ -43,6 +43,9 @@ func (f *managerFlags) register(fs *flag.FlagSet, defaultPoll string) {
 
 // open creates the manager the flags describe.
 func (f *managerFlags) open(ctx context.Context) (*transport.Manager, error) {
+	if f.timeout <= 0 {
+		return nil, usageError{fmt.Errorf("--timeout %v: want a positive duration", f.timeout)}
+	}
 	opts := []transport.Option{transport.WithTimeout(f.timeout), transport.WithLogger(logger())}
 	switch f.poll {
 	case "busy":

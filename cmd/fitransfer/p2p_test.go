@@ -172,6 +172,8 @@ func TestPointToPointErrors(t *testing.T) {
 		{"bad size", []string{"read", small, "-S", "lots"}, exitUsage, []string{`bad size "lots"`}},
 		{"no host", []string{"write"}, exitUsage, []string{"want one HOST[:PORT]"}},
 		{"bad window", []string{"write", small, "-W", "0"}, exitUsage, []string{"-W >= 1"}},
+		{"zero timeout", []string{"read", small, "--timeout", "0"}, exitUsage, []string{"--timeout 0s: want a positive duration"}},
+		{"negative timeout", []string{"pingpong", small, "--timeout", "-1s"}, exitUsage, []string{"--timeout -1s: want a positive duration"}},
 		{"unknown provider", []string{"read", small, "-p", "nosuch"}, exitFail, []string{`provider "nosuch"`, "see `fitransfer doctor`"}},
 	}
 	for _, tt := range tests {
