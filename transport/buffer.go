@@ -252,7 +252,11 @@ func (b *Buffer) Len() uint64 { return b.n }
 // Access is what peers may do with the buffer.
 func (b *Buffer) Access() mr.Access { return b.st.access }
 
-// Slice returns bytes [off, off+n) of b, sharing its registration.
+// Slice returns bytes [off, off+n) of b, sharing its registration. Its
+// handle (Remote) is a view, not a boundary: its key is the
+// registration's, so a peer holding it can reach every byte of the
+// buffer, with the buffer's access, by editing the range it names. To
+// let a peer reach part of the memory only, register that part.
 func (b *Buffer) Slice(off, n uint64) (*Buffer, error) {
 	if off > b.n || n > b.n-off {
 		return nil, fmt.Errorf("%w: a slice of %d bytes at offset %d of a %d-byte buffer", ErrOutOfRange, n, off, b.n)
@@ -260,7 +264,8 @@ func (b *Buffer) Slice(off, n uint64) (*Buffer, error) {
 	return &Buffer{st: b.st, off: b.off + off, n: n}, nil
 }
 
-// Remote is the handle peers use to reach this buffer (or slice).
+// Remote is the handle peers use to reach this buffer (or slice: see
+// Slice for what a slice's handle reaches).
 func (b *Buffer) Remote() RemoteBuffer {
 	st := b.st
 	return RemoteBuffer{node: st.m.node, owner: st.m.id, id: st.id, off: b.off, n: b.n,

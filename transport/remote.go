@@ -77,7 +77,8 @@ func (r RemoteBuffer) Providers() []string {
 // IsZero reports whether r is the zero value (no buffer).
 func (r RemoteBuffer) IsZero() bool { return r.owner == ID{} && len(r.eps) == 0 }
 
-// Slice returns the handle of bytes [off, off+n) of r.
+// Slice returns the handle of bytes [off, off+n) of r: a view that still
+// carries the whole registration's key (see Buffer.Slice).
 func (r RemoteBuffer) Slice(off, n uint64) (RemoteBuffer, error) {
 	if off > r.n || n > r.n-off {
 		return RemoteBuffer{}, fmt.Errorf("%w: a slice of %d bytes at offset %d of a %d-byte remote buffer", ErrOutOfRange, n, off, r.n)
