@@ -57,6 +57,12 @@ func TestBadArguments(t *testing.T) {
 	assert.ErrorContains(t, err, "New: nil context.Context")
 
 	testenv.RequireRoute(t, testenv.RouteTCP)
+	testenv.RequireRoute(t, testenv.RouteMem)
+	testenv.RequireRoute(t, testenv.RouteCMA)
+	_, err = New(context.Background(), WithProviders("MEM"))
+	assert.ErrorContains(t, err, `provider "MEM" offers no RDM endpoint with RMA here (usable here: mem, cma, `, "what WithProviders may name")
+	assert.ErrorContains(t, err, testenv.RouteTCP)
+
 	m, err := New(context.Background(), WithProviders(testenv.RouteTCP))
 	if err != nil {
 		t.Fatal(err)

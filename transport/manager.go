@@ -185,7 +185,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 			}
 			in := firstRMA(infos, p)
 			if in == nil {
-				return nil, fmt.Errorf("provider %q offers no RDM endpoint with RMA here (found: %s); see `fitransfer doctor`", p, providerList(infos))
+				return nil, fmt.Errorf("provider %q offers no RDM endpoint with RMA here (usable here: %s); see `fitransfer doctor`", p, usableProviders(infos))
 			}
 			picks = append(picks, pick{in, "requested with WithProviders", "forced"})
 		}
@@ -411,11 +411,21 @@ func firstRMA(infos []fabric.Info, provider string) *fabric.Info {
 	return nil
 }
 
-func providerList(infos []fabric.Info) string {
+// usableProviders lists what WithProviders may name here: the mem route
+// and cma where this host allows them, and the libfabric providers with
+// an RDM endpoint with RMA (as fabric.Info names them: "tcp;ofi_rxm").
+func usableProviders(infos []fabric.Info) string {
 	var out []string
-	for _, in := range infos {
-		if !contains(out, in.Fabric.ProvName) {
-			out = append(out, in.Fabric.ProvName)
+	if ok, _ := mem.Enabled(); ok {
+		out = append(out, mem.Name)
+	}
+	if ok, _ := cma.Available(); ok {
+		out = append(out, cma.Name)
+	}
+	for i := range infos {
+		in := &infos[i]
+		if name := libfabric.Name(in); firstRMA(infos, name) == in && !contains(out, name) {
+			out = append(out, name)
 		}
 	}
 	if len(out) == 0 {
