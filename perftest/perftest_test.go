@@ -227,3 +227,31 @@ func TestPingPongLeavesNoMarker(t *testing.T) {
 		}
 	}
 }
+
+// TestListenHint: a failed listen's hint fits its cause: an address in
+// use suggests another port, a name or address not of this host says what
+// --listen takes, and nothing is suggested for what is not understood.
+func TestListenHint(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	_, inUse := net.Listen("tcp", busy.Addr().String())
+	_, notHere := net.Listen("tcp", "192.0.2.1:0") // TEST-NET-1: no host has it
+	_, noName := net.Listen("tcp", "nosuch.invalid:0")
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{inUse, "another server"},
+		{notHere, "no interface of this host has that address"},
+		{noName, "an address of this host"},
+		{fmt.Errorf("something else"), ""},
+	} {
+		require.Error(t, tc.err)
+		if tc.want == "" {
+			assert.Empty(t, listenHint(tc.err), "%v", tc.err)
+			continue
+		}
+		assert.Contains(t, listenHint(tc.err), tc.want, "%v", tc.err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fitransfer/fitransfer/bootstrap"
@@ -16,6 +17,22 @@ import (
 	"github.com/fitransfer/fitransfer/mr"
 	"github.com/fitransfer/fitransfer/transport"
 )
+
+// listenHint is what to do about a failed listen, when it is clear.
+func listenHint(err error) string {
+	var dns *net.DNSError
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return " (is another server running there? pick another --listen port)"
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return " (no interface of this host has that address: --listen takes one of this host's addresses, or :PORT for all)"
+	case errors.Is(err, syscall.EACCES):
+		return " (ports below 1024 need privileges: pick another --listen port)"
+	case errors.As(err, &dns):
+		return " (--listen takes an address of this host, or :PORT for all)"
+	}
+	return ""
+}
 
 // ServerConfig is what a server gives its clients, and its limits.
 type ServerConfig struct {
@@ -127,7 +144,7 @@ func Listen(m *transport.Manager, addr string, cfg ServerConfig, logf, infof fun
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = release(shared, mem)
-		return nil, fmt.Errorf("listen on %s: %w (is another server running there? pick another --listen port)", addr, err)
+		return nil, fmt.Errorf("listen on %s: %w%s", addr, err, listenHint(err))
 	}
 	return &Server{m: m, ln: ln, cfg: cfg, size: size, shared: shared, mem: mem, logf: logf, infof: infof, idle: cfg.Idle,
 		pending: make(chan struct{}, max(maxPending, 4*cfg.MaxSessions))}, nil
