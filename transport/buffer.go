@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -48,6 +49,8 @@ type bufState struct {
 	hasGrd    bool
 	shared    bool // peers may map it (the mem route): a whole mr.Alloc allocation they may read
 	owned     bool // Manager.Alloc's: the memory goes with the registration
+	// freed: freeOwned freed the memory (Bytes is nil from then on).
+	freed atomic.Bool
 	// unhold ends the mr.Hold that keeps mr.Free off host memory while
 	// it is registered (nil once ended, and for device memory). Under mu.
 	unhold func()
@@ -234,10 +237,10 @@ func (m *Manager) registerOnce(st *bufState, access mr.Access) (*Buffer, *libfab
 }
 
 // Bytes is the buffer's memory; nil for device memory. A Manager.Alloc
-// buffer's memory is freed by its Close and by Manager.Close: the slice
-// must not be used after either.
+// buffer's memory is freed by its Close and by Manager.Close: Bytes is nil
+// once it is, and a slice it gave before must not be used after either.
 func (b *Buffer) Bytes() []byte {
-	if b.st.mem == nil {
+	if b.st.mem == nil || b.st.freed.Load() {
 		return nil
 	}
 	return b.st.mem[b.off : b.off+b.n]
@@ -565,6 +568,7 @@ func (st *bufState) freeOwned() {
 		unhold()
 	}
 	if free {
+		st.freed.Store(true)
 		_ = mr.Free(st.mem)
 	}
 	if done {

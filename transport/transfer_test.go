@@ -916,6 +916,14 @@ func TestManagerAlloc(t *testing.T) {
 	require.NoError(t, b.Close())
 	assert.False(t, mr.Whole(mem), "Close freed the memory")
 	assert.Error(t, mr.Free(mem), "freed once, by Close")
+	assert.Nil(t, b.Bytes(), "no slice of the freed memory")
+	assert.Equal(t, uint64(4096), b.Len())
+
+	// Memory the caller registered stays the caller's, and so does the slice.
+	own := alloc(t, 4096)
+	c := register(t, m, own, mr.ReadWrite)
+	require.NoError(t, c.Close())
+	assert.Equal(t, own, c.Bytes())
 }
 
 // TestRegisteredMemoryIsNotFreed: memory of the caller's that a Buffer
