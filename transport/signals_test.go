@@ -1,8 +1,13 @@
 package transport_test
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,4 +71,70 @@ func TestShmSurvivesTheProgramsSignals(t *testing.T) {
 	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, h))
 	assert.Equal(t, testpeer.Pattern(4096, 1), local.Bytes())
 	assert.Equal(t, testpeer.Sum(testpeer.Pattern(4096, 9)), owner.Sum(1, 0, 4096), "the owner lives, and has the write")
+}
+
+func init() {
+	// Opens args[0] shm managers at once, in a process of its own (shm
+	// takes the signals over at the process's first endpoint), then
+	// catches a SIGINT and says whether every region file stayed.
+	testpeer.Register("shm managers at once", func(conn io.ReadWriter, args []string) error {
+		var n int
+		if _, err := fmt.Sscan(args[0], &n); err != nil {
+			return err
+		}
+		ms := make([]*transport.Manager, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range ms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ms[i], errs[i] = transport.New(context.Background(), transport.WithProviders(testenv.RouteSHM))
+			}()
+		}
+		wg.Wait()
+		var names [][]byte
+		for i, m := range ms {
+			if errs[i] != nil {
+				return errs[i]
+			}
+			defer m.Close()
+			names = append(names, transport.ShmEndpointNames(m)...)
+		}
+		caught := make(chan os.Signal, 1)
+		signal.Notify(caught, syscall.SIGINT)
+		defer signal.Stop(caught)
+		if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+			return err
+		}
+		select {
+		case <-caught:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("SIGINT never reached signal.Notify")
+		}
+		gone := 0
+		for _, name := range names {
+			if libfabric.ShmRegionsGone([][]byte{name}) {
+				gone++
+			}
+		}
+		_, err := fmt.Fprintf(conn, "%d region files gone, of %d managers' %d\n", gone, n, len(names))
+		return err
+	})
+}
+
+// TestShmOpenedAtOnceKeepsTheSignals: managers that open their first shm
+// endpoints at the same time, in a new process, leave its handlers as
+// they were too: two opens at once took each other's handlers for the
+// process's, and one could put libfabric's back for good.
+func TestShmOpenedAtOnceKeepsTheSignals(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	for run := range 3 {
+		p, err := testpeer.StartFunc("shm managers at once", "8")
+		require.NoError(t, err)
+		line, err := p.ReadLine()
+		require.NoError(t, err)
+		assert.True(t, strings.HasPrefix(line, "0 region files gone, of 8 managers' "), "run %d: %s", run, line)
+		require.NoError(t, p.Close())
+	}
 }

@@ -2,6 +2,7 @@ package ofi
 
 /*
 #cgo pkg-config: libfabric
+#cgo LDFLAGS: -ldl
 #include "ofi.h"
 */
 import "C"

@@ -1,6 +1,10 @@
+/* dladdr and Dl_info (ft_endpoint). */
+#define _GNU_SOURCE
 #include "ofi.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <time.h>
@@ -154,6 +158,24 @@ static int ft_set_cuda_api_permitted(struct fid_ep *ep, int v)
 static const int ft_kept_signals[] = { SIGBUS, SIGSEGV, SIGTERM, SIGINT };
 #define FT_KEPT_SIGNALS (sizeof(ft_kept_signals) / sizeof(ft_kept_signals[0]))
 
+/* Serializes ft_endpoint: two opens at once would each take the other's
+ * handlers for the process's own, and one could put libfabric's back. */
+static pthread_mutex_t ft_endpoint_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ft_from_library reports whether handler is a function of a shared
+ * library, not of the program itself (the Go runtime's handlers, and
+ * these helpers, are the executable's): only such a handler is put back.
+ * SIG_DFL and SIG_IGN are no function; a handler the program installed
+ * while the endpoint opened (signal.Notify, say) is its own. */
+static int ft_from_library(void *handler)
+{
+	Dl_info h, self;
+
+	if (!dladdr(handler, &h) || !dladdr((void *)ft_from_library, &self))
+		return 0;
+	return h.dli_fbase != self.dli_fbase;
+}
+
 int ft_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep)
 {
 	struct sigaction before[FT_KEPT_SIGNALS], now;
@@ -161,6 +183,7 @@ int ft_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep *
 	size_t i;
 	int ret;
 
+	pthread_mutex_lock(&ft_endpoint_lock);
 	for (i = 0; i < FT_KEPT_SIGNALS; i++)
 		saved[i] = sigaction(ft_kept_signals[i], NULL, &before[i]) == 0;
 	ret = fi_endpoint(domain, info, ep, NULL);
@@ -168,9 +191,10 @@ int ft_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep *
 		if (!saved[i] || sigaction(ft_kept_signals[i], NULL, &now) != 0)
 			continue;
 		/* sa_handler shares sa_sigaction's place. */
-		if (now.sa_sigaction != before[i].sa_sigaction || now.sa_flags != before[i].sa_flags)
+		if (now.sa_sigaction != before[i].sa_sigaction && ft_from_library((void *)now.sa_sigaction))
 			sigaction(ft_kept_signals[i], &before[i], NULL);
 	}
+	pthread_mutex_unlock(&ft_endpoint_lock);
 	return ret;
 }
 
