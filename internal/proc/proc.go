@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -161,38 +162,19 @@ func parseMapping(line []byte) (Mapping, bool) {
 // (as fstat gives them) are dev and ino. An owner asks it of a peer's use
 // page: a peer that still maps the page may still mark ops in it. It
 // reports true when the maps cannot be read (unless the process is gone),
-// or not within mapsBound: the caller then keeps assuming the mapping.
-// Only mappings count, not open descriptors: a peer maps its use page as
-// it receives it, and never maps it again once it unmapped it.
+// or not within mapsBound (ReadMapsWithin): the caller then keeps assuming
+// the mapping. Only mappings count, not open descriptors: a peer maps its
+// use page as it receives it, and never maps it again once it unmapped it.
 func Maps(pid int, dev, ino uint64) bool {
-	type result struct {
-		maps []Mapping
-		err  error
-	}
-	// Buffered: a read that returns after the bound leaves its answer
-	// to nobody, and its goroutine ends.
-	done := make(chan result, 1)
-	read := readMaps
-	go func() {
-		maps, err := read(pid)
-		done <- result{maps, err}
-	}()
-	t := time.NewTimer(mapsBound)
-	defer t.Stop()
-	var r result
-	select {
-	case r = <-done:
-	case <-t.C:
-		// The read waits for the process's memory map lock, which
-		// the process can hold (a thread of it stuck in a fault): a
-		// peer must not hold the owner's Close by that.
+	maps, err := ReadMapsWithin(pid, mapsBound)
+	if errors.Is(err, ErrMapsSlow) {
 		return true
 	}
-	if r.err != nil {
+	if err != nil {
 		gone, _ := Gone(pid)
 		return !gone
 	}
-	for _, m := range r.maps {
+	for _, m := range maps {
 		if m.Dev == dev && m.Inode == ino {
 			return true
 		}
@@ -202,6 +184,60 @@ func Maps(pid int, dev, ino uint64) bool {
 
 // mapsBound is how long Maps waits for a process's maps.
 const mapsBound = 200 * time.Millisecond
+
+// ErrMapsSlow is ReadMapsWithin's error for maps that did not come in
+// time.
+var ErrMapsSlow = errors.New("the process's maps did not come in time (its memory map lock is held)")
+
+// ReadMapsWithin is ReadMaps of another process, for at most d: the read
+// waits for the process's memory map lock, which the process can hold (a
+// thread of it stuck in a fault), and a peer must not hold its owner's
+// Close by that. Past d it returns ErrMapsSlow and leaves the read to
+// finish alone; until it does, later calls for pid wait for that read
+// instead of starting another, so a process that stays stuck holds one
+// goroutine (and its thread), however often it is asked.
+func ReadMapsWithin(pid int, d time.Duration) ([]Mapping, error) {
+	slowReads.mu.Lock()
+	r := slowReads.m[pid]
+	if r == nil {
+		r = &mapsRead{done: make(chan struct{})}
+		if slowReads.m == nil {
+			slowReads.m = map[int]*mapsRead{}
+		}
+		slowReads.m[pid] = r
+		read := readMaps
+		go func() {
+			r.maps, r.err = read(pid)
+			slowReads.mu.Lock()
+			delete(slowReads.m, pid)
+			slowReads.mu.Unlock()
+			close(r.done)
+		}()
+	}
+	slowReads.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.done:
+		return r.maps, r.err // shared with the other callers of the read: not to be changed
+	case <-t.C:
+		return nil, ErrMapsSlow
+	}
+}
+
+// mapsRead is a read of a process's maps under way (ReadMapsWithin):
+// maps and err are set before done is closed.
+type mapsRead struct {
+	done chan struct{}
+	maps []Mapping
+	err  error
+}
+
+// slowReads are the reads under way, by process.
+var slowReads struct {
+	mu sync.Mutex
+	m  map[int]*mapsRead
+}
 
 // readMaps is ReadMaps, or what a test puts in its place.
 var readMaps = ReadMaps

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,20 +129,30 @@ func TestMaps(t *testing.T) {
 
 // TestMapsIsBounded: Maps of a process whose maps do not come (its memory
 // map lock held: the read waits for it) answers "maps" within its bound,
-// the cautious answer, instead of waiting with the read.
+// the cautious answer, instead of waiting with the read; asked again
+// meanwhile, it waits for the same read instead of starting another (each
+// stuck read holds a thread).
 func TestMapsIsBounded(t *testing.T) {
+	const pid = 1 << 23 // no such process: only the fake reader sees it
 	stuck := make(chan struct{})
 	defer close(stuck)
+	var reads atomic.Int32
 	defer proc.SetReadMaps(func(int) ([]proc.Mapping, error) {
+		reads.Add(1)
 		<-stuck
 		return nil, nil
 	})()
-	answer := make(chan bool, 1)
-	go func() { answer <- proc.Maps(os.Getpid(), 1, 2) }()
-	select {
-	case maps := <-answer:
-		assert.True(t, maps, "unknown counts as mapped")
-	case <-time.After(10 * time.Second):
-		t.Fatal("Maps waits with a read that does not return")
+	for i := range 5 {
+		answer := make(chan bool, 1)
+		go func() { answer <- proc.Maps(pid, 1, 2) }()
+		select {
+		case maps := <-answer:
+			assert.True(t, maps, "unknown counts as mapped (ask %d)", i)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Maps waits with a read that does not return")
+		}
 	}
+	assert.Equal(t, int32(1), reads.Load(), "reads of the stuck process's maps")
+	_, err := proc.ReadMapsWithin(pid, time.Millisecond)
+	assert.ErrorIs(t, err, proc.ErrMapsSlow)
 }

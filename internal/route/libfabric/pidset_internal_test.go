@@ -21,6 +21,7 @@ func TestPIDSetForgetsGoneProcesses(t *testing.T) {
 	}
 	for i := range 10_000 {
 		s.note(gone + i)
+		s.pruned.Wait() // the prunes run beside the notes: wait for each here
 		require.LessOrEqual(t, len(s.pids), 2*prunePIDsFrom, "after %d gone peers", i+1)
 	}
 	got := s.list()

@@ -123,7 +123,13 @@ func shmRegionsMapped(names [][]byte) []bool { return shmRegionsMappedBy(0, name
 // be read.
 func shmRegionsMappedBy(pid int, names [][]byte) []bool {
 	out := make([]bool, len(names))
-	maps, err := proc.ReadMaps(pid)
+	read := proc.ReadMaps
+	if pid != 0 {
+		// Another process's maps may not come (proc.ReadMapsWithin):
+		// "not mapped" then, and the caller's own deadline decides.
+		read = func(pid int) ([]proc.Mapping, error) { return proc.ReadMapsWithin(pid, peerMapsBound) }
+	}
+	maps, err := read(pid)
 	if err != nil {
 		return out
 	}
@@ -139,6 +145,10 @@ func shmRegionsMappedBy(pid int, names [][]byte) []bool {
 	}
 	return out
 }
+
+// peerMapsBound is how long shmRegionsMappedBy waits for another
+// process's maps.
+const peerMapsBound = 100 * time.Millisecond
 
 // ShmRegionsGone reports whether the region files of all of names (shm
 // endpoint names) are gone: their endpoints closed, or a manager removed
@@ -278,13 +288,17 @@ func (r *Route) noteSent(p *Peer) {
 // grows: a long-lived endpoint meets many peers that come and go, and the
 // gone ones are nobody to wait for.
 type pidSet struct {
-	mu   sync.Mutex
-	pids map[int]struct{}
-	kept int // the size after the last pruning
+	mu      sync.Mutex
+	pids    map[int]struct{}
+	kept    int  // the size after the last pruning
+	pruning bool // a prune runs (prune)
+	pruned  sync.WaitGroup
 }
 
-// note adds pid. When the set has doubled since its last pruning it first
-// drops the processes that are gone, so a note costs O(1) on average.
+// note adds pid. When the set has doubled since its last pruning it has
+// the processes that are gone dropped, on a goroutine of their own: note
+// runs on the endpoint's progress loop, and each look at a process is a
+// file read. A note costs O(1) on average.
 func (s *pidSet) note(pid int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -294,15 +308,35 @@ func (s *pidSet) note(pid int) {
 	if s.pids == nil {
 		s.pids = map[int]struct{}{}
 	}
-	if len(s.pids) >= max(prunePIDsFrom, 2*s.kept) {
-		for old := range s.pids {
-			if gone, _ := proc.Gone(old); gone {
-				delete(s.pids, old)
-			}
-		}
-		s.kept = len(s.pids)
-	}
 	s.pids[pid] = struct{}{}
+	if len(s.pids) >= max(prunePIDsFrom, 2*s.kept) && !s.pruning {
+		s.pruning = true
+		s.kept = len(s.pids) // the next prune when it doubled again, whatever this one finds
+		pids := make([]int, 0, len(s.pids))
+		for p := range s.pids {
+			pids = append(pids, p)
+		}
+		s.pruned.Add(1)
+		go s.prune(pids)
+	}
+}
+
+// prune drops those of pids that are gone.
+func (s *pidSet) prune(pids []int) {
+	defer s.pruned.Done()
+	gone := pids[:0]
+	for _, pid := range pids {
+		if g, _ := proc.Gone(pid); g {
+			gone = append(gone, pid)
+		}
+	}
+	s.mu.Lock()
+	for _, pid := range gone {
+		delete(s.pids, pid)
+	}
+	s.kept = len(s.pids)
+	s.pruning = false
+	s.mu.Unlock()
 }
 
 // list returns the pids.
