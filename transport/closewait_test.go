@@ -12,6 +12,7 @@ import (
 	"github.com/fitransfer/fitransfer/internal/testenv"
 	"github.com/fitransfer/fitransfer/internal/testpeer"
 	"github.com/fitransfer/fitransfer/mr"
+	"github.com/fitransfer/fitransfer/progress"
 	"github.com/fitransfer/fitransfer/transport"
 )
 
@@ -198,4 +199,57 @@ func TestCloseWhileCheckingAHandle(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close hangs after the check ended")
 	}
+}
+
+// TestRequestWaitsForTheEndpointSetWithinItsLimits: a request that needs
+// a new shm endpoint for its own ops (libfabric 2.x: its current one took
+// its share of names) while a registration holds the manager's endpoint
+// set, waiting for an endpoint inside a libfabric call, gives up at its
+// deadline with a timeout that says it waited for the endpoint and moved
+// nothing, instead of waiting until the registration's call wedges
+// (WedgeAfter, 10 s). On 1.x the request's insert of the new owner waits
+// for that same endpoint, with the same outcome.
+func TestRequestWaitsForTheEndpointSetWithinItsLimits(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	t.Cleanup(transport.SetShmMapBudget(2)) // the endpoint itself and one owner
+	m := newManager(t, transport.WithProviders(testenv.RouteSHM))
+	local := register(t, m, alloc(t, 4096), mr.ReadWrite)
+	first := testpeer.Start(t, testenv.RouteSHM)
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, first.Register(4096, mr.ReadWrite, 1)))
+	second := testpeer.Start(t, testenv.RouteSHM)
+	h := second.Register(4096, mr.ReadWrite, 2)
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	defer let()
+	transport.HoldEndpoint(m, release)
+	registered := make(chan error, 1)
+	go func() {
+		b, err := m.Register(alloc(t, 4096), mr.ReadWrite)
+		if err == nil {
+			err = b.Close()
+		}
+		registered <- err
+	}()
+	require.Eventually(t, func() bool { return transport.EndpointSetHeld(m) }, 10*time.Second, time.Millisecond,
+		"the registration never held the endpoint set")
+
+	start := time.Now()
+	err := m.ReadInto(ctxTimeout(t, time.Second), local, h)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, transport.ErrTimeout)
+	var te *progress.TimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.True(t, te.Busy, "the timeout names the busy endpoint: %v", err)
+	assert.Contains(t, err.Error(), "nothing moved")
+	assert.Less(t, elapsed, 5*time.Second, "the error came at the registration's wedge, not at the request's deadline")
+	let()
+	select {
+	case <-registered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the registration never returned after the release")
+	}
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, h), "once the endpoint set is free")
+	assert.Equal(t, second.Sum(0, 0, 4096), testpeer.Sum(local.Bytes()))
 }

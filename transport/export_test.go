@@ -252,3 +252,13 @@ func ShmEndpointNames(m *Manager) [][]byte {
 	}
 	return out
 }
+
+// EndpointSetHeld reports whether something holds m's endpoint set
+// (replaceMu): a registration, or a replacement of an endpoint.
+func EndpointSetHeld(m *Manager) bool {
+	if m.replaceMu.TryLock() {
+		m.replaceMu.Unlock()
+		return false
+	}
+	return true
+}

@@ -141,7 +141,7 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 		o(&cfg)
 	}
 	if ctx == nil {
-		return nil, nilContext("New")
+		return nil, nilContext("transport.New")
 	}
 	if cfg.timeout <= 0 {
 		return nil, fmt.Errorf("transport.New: WithTimeout(%v): want a positive duration (the deadline of transfers whose context has none)", cfg.timeout)
@@ -1063,7 +1063,7 @@ func (m *Manager) replaceIfStuck(b *libfabric.Route, err error) bool {
 	case bs.sameNode:
 		return m.replaceSameNode(b, err) == nil
 	case bs.shmOut:
-		return m.rotateShmOut(b) == nil
+		return m.rotateShmOut(b, nil) == nil
 	}
 	return false
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/fitransfer/fitransfer/fabric"
 	"github.com/fitransfer/fitransfer/internal/proc"
 	"github.com/fitransfer/fitransfer/internal/route/libfabric"
+	"github.com/fitransfer/fitransfer/progress"
 )
 
 // The shm endpoint this manager's own ops go out on.
@@ -54,7 +56,7 @@ func (bs *backendSet) shmOutgoing() *libfabric.Route {
 // endpoint that takes its place is used instead (opened here in the last
 // two cases): no handle names an Outgoing endpoint, so a new one costs
 // peers nothing.
-func (m *Manager) holdShm(o *opSpec, b *libfabric.Route, name []byte) (*libfabric.Route, error) {
+func (m *Manager) holdShm(o *opSpec, b *libfabric.Route, name []byte, t *reqTimes) (*libfabric.Route, error) {
 	for b.Outgoing {
 		if b.Hold() {
 			if !b.Abandoned() && b.Admit(name, shmMapBudget) {
@@ -65,7 +67,7 @@ func (m *Manager) holdShm(o *opSpec, b *libfabric.Route, name []byte) (*libfabri
 				return b, nil
 			}
 			b.Unhold()
-			if err := m.rotateShmOut(b); err != nil {
+			if err := m.rotateShmOut(b, t); err != nil {
 				return nil, err
 			}
 		}
@@ -93,9 +95,21 @@ func (m *Manager) newShmOut(i int, from *libfabric.Route) (*libfabric.Route, err
 // which took its share of names or is stuck, and retires old. It does
 // nothing when old is no longer the one ops go out on. It takes no hold
 // of the manager (a request that holds it calls it), and does nothing
-// once the manager closes: Close waits for one under way.
-func (m *Manager) rotateShmOut(old *libfabric.Route) error {
-	m.replaceMu.Lock()
+// once the manager closes: Close waits for one under way. A request (t)
+// waits for the endpoint set within its limits: a registration holds the
+// set while it waits for an endpoint, which may be inside a libfabric
+// call for up to the poll policy's WedgeAfter; past them it gets a
+// *progress.TimeoutError with Busy set.
+func (m *Manager) rotateShmOut(old *libfabric.Route, t *reqTimes) error {
+	if t == nil {
+		m.replaceMu.Lock()
+	} else if err := lockWithin(&m.replaceMu, t); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
+		start, _ := t.get()
+		return &progress.TimeoutError{Provider: string(fabric.BackendSHM), After: time.Since(start), Cause: err, Busy: true}
+	}
 	defer m.replaceMu.Unlock()
 	if m.closing.Load() {
 		return ErrClosed

@@ -53,14 +53,14 @@ func TestShmOutRotation(t *testing.T) {
 	// moves the op to a new endpoint.
 	defer SetShmMapBudget(e1.MapAdds() + 1)()
 	var o opSpec
-	b, err := m.holdShm(&o, e1, []byte("fi_shm://1:0:0"))
+	b, err := m.holdShm(&o, e1, []byte("fi_shm://1:0:0"), testTimes())
 	require.NoError(t, err)
 	require.Same(t, e1, b)
-	b, err = m.holdShm(&o, e1, []byte("fi_shm://1:0:0"))
+	b, err = m.holdShm(&o, e1, []byte("fi_shm://1:0:0"), testTimes())
 	require.NoError(t, err)
 	require.Same(t, e1, b, "a name admitted before takes no new slot")
 	var o2 opSpec
-	b, err = m.holdShm(&o2, e1, []byte("fi_shm://2:0:0"))
+	b, err = m.holdShm(&o2, e1, []byte("fi_shm://2:0:0"), testTimes())
 	require.NoError(t, err)
 	e2 := m.backends().shmOut
 	require.Same(t, e2, b)
@@ -82,7 +82,7 @@ func TestShmOutRotation(t *testing.T) {
 		return true
 	}, 10*time.Second, time.Millisecond, "the closed endpoint left the set")
 	var o3 opSpec
-	b, err = m.holdShm(&o3, e1, []byte("fi_shm://3:0:0"))
+	b, err = m.holdShm(&o3, e1, []byte("fi_shm://3:0:0"), testTimes())
 	require.NoError(t, err)
 	require.NotSame(t, e1, b, "a request that picked the closed endpoint gets the current one")
 	require.Same(t, m.backends().shmOut, b, "a request that picked the closed endpoint gets the current one")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/fitransfer/fitransfer/fabric"
@@ -66,6 +65,18 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	}
 	ops := [1]opSpec{{op: progress.Write, local: local, remote: dst}}
 	return m.run(ctx, "write", ops[:])
+}
+
+// holdErr is prepare's error for op o whose holdShm failed with err: a
+// *progress.TimeoutError (Busy) as it is, with the op's fields, which
+// execute reports as a request that moved nothing.
+func holdErr(o *opSpec, err error) error {
+	var te *progress.TimeoutError
+	if errors.As(err, &te) && te.Busy {
+		te.Op, te.Bytes = o.op, o.remote.n
+		return te
+	}
+	return fmt.Errorf("%s: %w", o.op, err)
 }
 
 // nilContext is the error of a call given a nil context.
@@ -398,9 +409,9 @@ func (t *reqTimes) err() error {
 }
 
 // lockWithin takes mu, polling (a contended mu is rare and held for a
-// round trip to an owner), or returns the error of t's limits when they
-// end first.
-func lockWithin(mu *sync.Mutex, t *reqTimes) error {
+// round trip to an owner, or a libfabric call), or returns the error of
+// t's limits when they end first.
+func lockWithin(mu interface{ TryLock() bool }, t *reqTimes) error {
 	for pause := 20 * time.Microsecond; !mu.TryLock(); pause = min(2*pause, time.Millisecond) {
 		if err := t.err(); err != nil {
 			return err
@@ -554,8 +565,8 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		}
 		b, ep := rt.b, rt.ep
 		if rt.kind == route.Fabric && b.Outgoing {
-			if b, err = m.holdShm(o, b, ep.name); err != nil {
-				return fmt.Errorf("%s: %w", o.op, err)
+			if b, err = m.holdShm(o, b, ep.name, times); err != nil {
+				return holdErr(o, err)
 			}
 		}
 		o.kind, o.b, o.ep, o.peer = rt.kind, b, ep, rt.peer
@@ -576,9 +587,9 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
 			o.ep = o.remote.endpoint(sn.Name())
-			out, err := m.holdShm(o, m.backends().shmOutgoing(), o.ep.name)
+			out, err := m.holdShm(o, m.backends().shmOutgoing(), o.ep.name, times)
 			if err != nil {
-				return fmt.Errorf("%s: %w", o.op, err)
+				return holdErr(o, err)
 			}
 			o.kind, b, o.b = route.Fabric, out, out
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
