@@ -56,11 +56,19 @@ type Session struct {
 	ended *bootstrap.RemoteError // what the server said when it ended the session
 }
 
+// errNilContext is the error of a call given a nil context.
+func errNilContext(call string) error {
+	return fmt.Errorf("perftest.%s: nil context.Context: pass context.Background(), or a context with a deadline or a cancel", call)
+}
+
 // Connect opens a session with the server: hello (with this manager's
 // address, which the server inserts), welcome (the session buffer's
 // handle and the server's address, inserted here), and checks that a
 // route exists.
 func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
+	if cfg.Timeout <= 0 {
+		return nil, fmt.Errorf("perftest.Connect: Config.Timeout %v: want a positive duration (the deadline of the bootstrap exchange and of each transfer)", cfg.Timeout)
+	}
 	conn, err := bootstrap.Dial(cfg.Server, cfg.Timeout)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w%s", cfg.Server, err, dialHint(err))
@@ -165,6 +173,9 @@ func (s *Session) CheckSizes() error {
 // When ctx ends it returns the rows so far (the current one marked
 // incomplete) and ctx's error.
 func (s *Session) RunBandwidth(ctx context.Context) (_ []Row, err error) {
+	if ctx == nil {
+		return nil, errNilContext("RunBandwidth")
+	}
 	cfg := s.cfg
 	if err := s.CheckSizes(); err != nil {
 		return nil, err

@@ -255,3 +255,28 @@ func TestListenHint(t *testing.T) {
 		assert.Contains(t, listenHint(tc.err), tc.want, "%v", tc.err)
 	}
 }
+
+// TestBadArguments: a nil context, a non-positive client timeout, and an
+// idle limit left at 0 get an error naming them or the documented
+// default, not a panic or a session that ends for another reason.
+func TestBadArguments(t *testing.T) {
+	var nilCtx context.Context
+	_, err := (&Session{}).RunBandwidth(nilCtx)
+	assert.ErrorContains(t, err, "perftest.RunBandwidth: nil context.Context")
+	_, err = (&Session{}).RunPingPong(nilCtx, nil)
+	assert.ErrorContains(t, err, "perftest.RunPingPong: nil context.Context")
+	assert.ErrorContains(t, (&Server{}).Serve(nilCtx, true), "perftest.Serve: nil context.Context")
+	assert.ErrorContains(t, WaitByte(nilCtx, make([]byte, 8), 1, time.Second, nil, nil), "perftest.WaitByte: nil context.Context")
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := Connect(Config{Server: "127.0.0.1:1", Timeout: d}, bootstrap.Message{})
+		assert.ErrorContains(t, err, "want a positive duration", "Timeout %v", d)
+	}
+
+	m, err := transport.New(context.Background(), transport.WithProviders("tcp;ofi_rxm"))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := Listen(m, "127.0.0.1:0", ServerConfig{Size: 4096}, t.Logf, t.Logf)
+	require.NoError(t, err)
+	defer func() { _ = s.ln.Close(); _ = s.Close() }()
+	assert.Equal(t, DefaultIdleTimeout, s.idle)
+}

@@ -80,6 +80,9 @@ func (s *Session) serverGone() error {
 // change. usec/xfer is half a round trip (fabtests counts two transfers
 // per iteration); p50/p99 are of the half round trips.
 func (s *Session) RunPingPong(ctx context.Context, p *PingPongBuffer) ([]Row, error) {
+	if ctx == nil {
+		return nil, errNilContext("RunPingPong")
+	}
 	cfg := s.cfg
 	if err := s.CheckSizes(); err != nil {
 		return nil, err

@@ -37,7 +37,8 @@ func listenHint(err error) string {
 // ServerConfig is what a server gives its clients, and its limits.
 type ServerConfig struct {
 	Size uint64 // bytes of each session's buffer
-	// Idle ends a session whose client sent nothing for that long.
+	// Idle ends a session whose client sent nothing for that long (0:
+	// DefaultIdleTimeout).
 	Idle time.Duration
 	// Hello bounds the wait for a client's first message (and its answer
 	// to the challenge): a client that connects and says nothing holds a
@@ -60,8 +61,10 @@ const maxPending = 64
 // Defaults of ServerConfig's limits.
 const (
 	DefaultHelloTimeout = 10 * time.Second
-	DefaultMaxSessions  = 8
-	DefaultMaxMemory    = 1 << 30
+	// DefaultIdleTimeout is ServerConfig.Idle's default.
+	DefaultIdleTimeout = 10 * time.Minute
+	DefaultMaxSessions = 8
+	DefaultMaxMemory   = 1 << 30
 )
 
 // Server answers fitransfer clients: each session gets its own buffer of
@@ -127,6 +130,9 @@ func Listen(m *transport.Manager, addr string, cfg ServerConfig, logf, infof fun
 	if cfg.Hello <= 0 {
 		cfg.Hello = DefaultHelloTimeout
 	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = DefaultIdleTimeout
+	}
 	if cfg.MaxMemory > 0 && cfg.Size > cfg.MaxMemory {
 		return nil, fmt.Errorf("a session buffer of %d bytes is larger than the memory cap of %d: raise --max-memory or lower --size", cfg.Size, cfg.MaxMemory)
 	}
@@ -160,6 +166,9 @@ func (s *Server) Handle() transport.RemoteBuffer { return s.shared.Remote() }
 // once. A client that misbehaves gets an error message and a log line;
 // the server goes on with the others.
 func (s *Server) Serve(ctx context.Context, once bool) error {
+	if ctx == nil {
+		return errNilContext("Serve")
+	}
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 	var backoff time.Duration

@@ -25,6 +25,9 @@ func Marker(i int) byte { return byte(i%255 + 1) }
 // whose peer went away ends with stalled's error instead of the timeout.
 // Both run from WaitByte's first check of the clock, 1024 looks in.
 func WaitByte(ctx context.Context, b []byte, want byte, timeout time.Duration, poll func(), stalled func() error) error {
+	if ctx == nil {
+		return errNilContext("WaitByte")
+	}
 	word, shift := mr.Word32(b, len(b)-1)
 	// The clock is read at the first check, 1024 looks in, not before the
 	// first look: most waits of a pingpong end sooner, and the read cost

@@ -329,8 +329,10 @@ var ErrJobBusy = errors.New("job submitted again before it settled")
 // came while a call held the endpoint or the loop was closing; or a
 // *WedgedError when the endpoint is stuck inside libfabric. A left job
 // stays the loop's, which ends it before posting any more of it, and
-// must not be reused.
+// must not be reused. A nil ctx is context.Background (so in Await, DoBy
+// and DoAfterRoundBy).
 func (l *Loop) Wait(ctx context.Context, j *Job) error {
+	ctx = orBackground(ctx)
 	select {
 	case <-j.done:
 		return nil
@@ -437,6 +439,7 @@ func (l *Loop) Wait(ctx context.Context, j *Job) error {
 // Left set at the job's deadline when the call has not run WedgeAfter by
 // then; a Wait whose own call never returns never returns either.
 func (l *Loop) Await(ctx context.Context, j *Job) error {
+	ctx = orBackground(ctx)
 	select {
 	case <-j.done:
 		return nil
@@ -520,6 +523,16 @@ func (l *Loop) nextLook(j *Job) time.Duration {
 		}
 	}
 	return wedgeCheck
+}
+
+// orBackground is ctx, or context.Background for a nil one: a waiter's
+// job is in the loop by then, and an error instead of the wait would
+// tell its caller that it ended.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }
 
 // pastDeadline reports whether j has a deadline and it passed.
@@ -864,6 +877,7 @@ func (l *Loop) Do(fn func()) error {
 // may be the loop's goroutine in a call that has not returned yet is not
 // wedged (shm's, blocked behind a stopped peer).
 func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
+	ctx = orBackground(ctx)
 	start := time.Now()
 	if err := l.acquireBy(ctx, deadline); err != nil {
 		if !errors.Is(err, errBusy) {
@@ -889,6 +903,7 @@ func (l *Loop) DoBy(ctx context.Context, deadline time.Time, fn func()) error {
 // wrapped, without running fn. Either way the caller must know that
 // nothing new is queued meanwhile for what fn does.
 func (l *Loop) DoAfterRoundBy(ctx context.Context, deadline time.Time, fn func()) error {
+	ctx = orBackground(ctx)
 	if l.passive {
 		if err := l.awaitRounds(ctx, deadline, 3); err != nil {
 			return err

@@ -1791,3 +1791,25 @@ func TestCloseAfterRunsStoppedOnceNothingPosts(t *testing.T) {
 		}
 	})
 }
+
+// TestNilContextIsBackground: a nil context, to Wait, Await, DoBy and
+// DoAfterRoundBy, waits as context.Background does; it does not panic,
+// and Wait does not report a job that is still in the loop as ended.
+func TestNilContextIsBackground(t *testing.T) {
+	var nilCtx context.Context
+	l, f := testLoop(t, 4, false)
+	f.auto = true
+	go l.run()
+	t.Cleanup(func() { l.Close(nil) })
+	for _, wait := range []func(context.Context, *Job) error{l.Wait, l.Await} {
+		j := job(1, nil)
+		j.Start, j.Deadline = time.Now(), time.Now().Add(10*time.Second)
+		require.NoError(t, l.Submit(j))
+		require.NoError(t, wait(nilCtx, j))
+		require.Empty(t, j.Errs)
+	}
+	ran := 0
+	require.NoError(t, l.DoBy(nilCtx, time.Now().Add(10*time.Second), func() { ran++ }))
+	require.NoError(t, l.DoAfterRoundBy(nilCtx, time.Now().Add(10*time.Second), func() { ran++ }))
+	require.Equal(t, 2, ran)
+}

@@ -47,35 +47,40 @@ func TestRetryable(t *testing.T) {
 // refused with an error that names it, not a panic or a transfer that
 // fails for another reason.
 func TestBadArguments(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Second} {
-		m, err := New(context.Background(), WithTimeout(d))
-		assert.Nil(t, m)
-		assert.ErrorContains(t, err, "want a positive duration", "WithTimeout(%v)", d)
-	}
 	var nilCtx context.Context
-	_, err := New(nilCtx)
-	assert.ErrorContains(t, err, "New: nil context.Context")
-
-	testenv.RequireRoute(t, testenv.RouteTCP)
-	testenv.RequireRoute(t, testenv.RouteMem)
-	testenv.RequireRoute(t, testenv.RouteCMA)
-	_, err = New(context.Background(), WithProviders("MEM"))
-	assert.ErrorContains(t, err, `provider "MEM" offers no RDM endpoint with RMA here (usable here: mem, cma, `, "what WithProviders may name")
-	assert.ErrorContains(t, err, testenv.RouteTCP)
-
-	m, err := New(context.Background(), WithProviders(testenv.RouteTCP))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	b, err := m.Alloc(4096, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := b.Remote()
-	assert.ErrorContains(t, m.ReadInto(nilCtx, b, h), "ReadInto: nil context.Context")
-	assert.ErrorContains(t, m.WriteFrom(nilCtx, h, b), "WriteFrom: nil context.Context")
-	a := m.NewAction()
-	a.ReadInto(b, h)
-	assert.ErrorContains(t, a.Submit(nilCtx), "Action.Submit: nil context.Context")
+	t.Run("New", func(t *testing.T) {
+		for _, d := range []time.Duration{0, -time.Second} {
+			m, err := New(context.Background(), WithTimeout(d))
+			assert.Nil(t, m)
+			assert.ErrorContains(t, err, "want a positive duration", "WithTimeout(%v)", d)
+		}
+		_, err := New(nilCtx)
+		assert.ErrorContains(t, err, "transport.New: nil context.Context")
+	})
+	t.Run("WithProviders", func(t *testing.T) {
+		testenv.RequireRoute(t, testenv.RouteTCP)
+		testenv.RequireRoute(t, testenv.RouteMem)
+		testenv.RequireRoute(t, testenv.RouteCMA)
+		_, err := New(context.Background(), WithProviders("MEM"))
+		assert.ErrorContains(t, err, `provider "MEM" offers no RDM endpoint with RMA here (usable here: mem, cma, `, "what WithProviders may name")
+		assert.ErrorContains(t, err, testenv.RouteTCP)
+	})
+	t.Run("transfers", func(t *testing.T) {
+		testenv.RequireRoute(t, testenv.RouteTCP)
+		m, err := New(context.Background(), WithProviders(testenv.RouteTCP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		b, err := m.Alloc(4096, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := b.Remote()
+		assert.ErrorContains(t, m.ReadInto(nilCtx, b, h), "ReadInto: nil context.Context")
+		assert.ErrorContains(t, m.WriteFrom(nilCtx, h, b), "WriteFrom: nil context.Context")
+		a := m.NewAction()
+		a.ReadInto(b, h)
+		assert.ErrorContains(t, a.Submit(nilCtx), "Action.Submit: nil context.Context")
+	})
 }

@@ -60,6 +60,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--size: %w", err)})
 	}
+	for flag, d := range map[string]time.Duration{"--idle-timeout": o.idle, "--hello-timeout": o.hello} {
+		if d <= 0 {
+			return fail(stderr, "serve", usageError{fmt.Errorf("%s %v: want a positive duration", flag, d)})
+		}
+	}
 	maxMem, err := parseMaxMemory(o.maxMemory)
 	if err != nil {
 		return fail(stderr, "serve", usageError{fmt.Errorf("--max-memory: %w", err)})

@@ -234,3 +234,18 @@ func TestParseMaxMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRefusesNonPositiveDurations: serve's durations must be
+// positive; 0 used to mean something else than its flag said (an idle
+// limit of 10 s, a transfer deadline already past).
+func TestServeRefusesNonPositiveDurations(t *testing.T) {
+	for _, args := range [][]string{
+		{"--timeout", "0"},
+		{"--idle-timeout", "0"},
+		{"--hello-timeout", "-1s"},
+	} {
+		_, stderr, code := runCLI(append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+		assert.Equal(t, exitUsage, code, "%v: %s", args, stderr)
+		assert.Contains(t, stderr, "want a positive duration", "%v", args)
+	}
+}
