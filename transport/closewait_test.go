@@ -243,6 +243,7 @@ func TestRequestWaitsForTheEndpointSetWithinItsLimits(t *testing.T) {
 	require.ErrorAs(t, err, &te)
 	assert.True(t, te.Busy, "the timeout names the busy endpoint: %v", err)
 	assert.Contains(t, err.Error(), "nothing moved")
+	assert.Contains(t, err.Error(), "with fi_shm://", "the error names the owner's endpoint")
 	assert.Less(t, elapsed, 5*time.Second, "the error came at the registration's wedge, not at the request's deadline")
 	let()
 	select {

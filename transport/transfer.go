@@ -67,13 +67,13 @@ func (m *Manager) WriteFrom(ctx context.Context, dst RemoteBuffer, src *Buffer) 
 	return m.run(ctx, "write", ops[:])
 }
 
-// holdErr is prepare's error for op o whose holdShm failed with err: a
-// *progress.TimeoutError (Busy) as it is, with the op's fields, which
-// execute reports as a request that moved nothing.
-func holdErr(o *opSpec, err error) error {
+// holdErr is prepare's error for op o toward peer whose holdShm failed
+// with err: a *progress.TimeoutError (Busy) as it is, with the op's
+// fields, which execute reports as a request that moved nothing.
+func holdErr(o *opSpec, err error, peer string) error {
 	var te *progress.TimeoutError
 	if errors.As(err, &te) && te.Busy {
-		te.Op, te.Bytes = o.op, o.remote.n
+		te.Op, te.Bytes, te.Peer = o.op, o.remote.n, peer
 		return te
 	}
 	return fmt.Errorf("%s: %w", o.op, err)
@@ -566,7 +566,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 		b, ep := rt.b, rt.ep
 		if rt.kind == route.Fabric && b.Outgoing {
 			if b, err = m.holdShm(o, b, ep.name, times); err != nil {
-				return holdErr(o, err)
+				return holdErr(o, err, rt.b.Addr(ep.name))
 			}
 		}
 		o.kind, o.b, o.ep, o.peer = rt.kind, b, ep, rt.peer
@@ -589,7 +589,7 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			o.ep = o.remote.endpoint(sn.Name())
 			out, err := m.holdShm(o, m.backends().shmOutgoing(), o.ep.name, times)
 			if err != nil {
-				return holdErr(o, err)
+				return holdErr(o, err, sn.Addr(o.ep.name))
 			}
 			o.kind, b, o.b = route.Fabric, out, out
 			if err := matchesPeer(&o.remote, o.ep, o.peer); err != nil {
