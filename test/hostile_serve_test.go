@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -476,4 +477,38 @@ func socketBuffersMax(t *testing.T) int {
 		n += v
 	}
 	return n
+}
+
+// TestServeRefusesForeignAddressFamilies: a hello whose tcp address is 16
+// bytes of another family than AF_INET (AF_UNIX, say) is refused, and
+// serve goes on serving: libfabric's tcp took it, failed, and failed
+// every later insert into serve's address vector, so that no client was
+// served again until serve restarted (an attacker's review, 1.17 and
+// 2.1; no token needed).
+func TestServeRefusesForeignAddressFamilies(t *testing.T) {
+	addr := startLocalServer(t, "--size", "1m")
+	client := newManager(t, transport.WithProviders("tcp;ofi_rxm"), transport.WithTimeout(5*time.Second))
+	own := client.Address()
+	var tcpName []byte
+	for _, ep := range own.Endpoints {
+		if ep.Provider == "tcp;ofi_rxm" {
+			tcpName = ep.Name
+		}
+	}
+	require.Len(t, tcpName, 16, "an AF_INET sockaddr: %x", tcpName)
+	for _, family := range []uint16{1, 0x11, 0xffff, 10} {
+		bad := bytes.Clone(tcpName)
+		binary.LittleEndian.PutUint16(bad, family)
+		c, err := bootstrap.Dial(addr, 5*time.Second)
+		require.NoError(t, err)
+		a := transport.Address{Endpoints: []transport.AddressEndpoint{{Provider: "tcp;ofi_rxm", Name: bad}}}
+		require.NoError(t, c.Send(bootstrap.Message{Type: bootstrap.TypeHello, Mode: bootstrap.ModeWrite, Address: &a}))
+		_, err = c.Expect(bootstrap.TypeWelcome, 5*time.Second)
+		require.Error(t, err, "family %#x", family)
+		assert.Contains(t, err.Error(), "address family", "family %#x", family)
+		_ = c.Close()
+	}
+	// serve keeps serving.
+	out, err := exec.Command(fitransferBin, "read", addr, "-p", "tcp", "-S", "4k", "-I", "10", "-v").CombinedOutput()
+	require.NoError(t, err, string(out))
 }

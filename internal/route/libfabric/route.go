@@ -13,7 +13,9 @@ package libfabric
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -294,6 +296,38 @@ func (r *Route) CheckName(name []byte) error {
 	}
 	if len(name) != want || len(name) > MaxNameLen {
 		return fmt.Errorf("%w: a %s endpoint address of %d bytes (%v takes %d)", errclass.ErrBadHandle, r.Provider, len(name), r.Info.AddrFormat, want)
+	}
+	switch r.Info.AddrFormat {
+	case fabric.AddrSockaddrIn, fabric.AddrSockaddrIn6, fabric.AddrSockaddr:
+		if err := checkSockaddr(name); err != nil {
+			return fmt.Errorf("%w: a %s endpoint address: %v", errclass.ErrBadHandle, r.Provider, err)
+		}
+	}
+	return nil
+}
+
+// checkSockaddr refuses a socket address of the length its family takes
+// that no endpoint can have: another family than AF_INET (16 bytes) or
+// AF_INET6 (28), port 0, or an IP that is unspecified, broadcast or
+// multicast. libfabric's tcp took a 16-byte AF_UNIX address, failed to
+// insert it, and failed every later insert into that address vector (an
+// attacker's review, 1.17 and 2.1).
+func checkSockaddr(b []byte) error {
+	family := binary.LittleEndian.Uint16(b)
+	var ip net.IP
+	switch {
+	case family == syscall.AF_INET && len(b) == 16:
+		ip = net.IP(b[4:8])
+	case family == syscall.AF_INET6 && len(b) == 28:
+		ip = net.IP(b[8:24])
+	default:
+		return fmt.Errorf("address family %d in %d bytes (AF_INET takes 16, AF_INET6 28)", family, len(b))
+	}
+	switch port := binary.BigEndian.Uint16(b[2:4]); {
+	case port == 0:
+		return errors.New("port 0")
+	case ip.IsUnspecified(), ip.Equal(net.IPv4bcast), ip.IsMulticast():
+		return fmt.Errorf("IP %v, which no endpoint has", ip)
 	}
 	return nil
 }

@@ -1,9 +1,12 @@
 package libfabric
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -217,6 +220,28 @@ func TestCheckName(t *testing.T) {
 	assert.NoError(t, tcp.CheckName(tcp.EndpointName()))
 	for _, bad := range [][]byte{nil, make([]byte, 3), make([]byte, 17), make([]byte, MaxNameLen+1)} {
 		assert.ErrorIs(t, tcp.CheckName(bad), errclass.ErrBadHandle, "%d bytes", len(bad))
+	}
+	// 16 bytes that are no AF_INET address of an endpoint.
+	own := tcp.EndpointName()
+	require.Len(t, own, 16)
+	for _, tc := range []struct {
+		name   string
+		change func(b []byte)
+		want   string
+	}{
+		{"AF_UNIX", func(b []byte) { binary.LittleEndian.PutUint16(b, syscall.AF_UNIX) }, "address family 1"},
+		{"AF_INET6 in 16 bytes", func(b []byte) { binary.LittleEndian.PutUint16(b, syscall.AF_INET6) }, "address family 10"},
+		{"family 0xffff", func(b []byte) { binary.LittleEndian.PutUint16(b, 0xffff) }, "address family 65535"},
+		{"port 0", func(b []byte) { binary.BigEndian.PutUint16(b[2:], 0) }, "port 0"},
+		{"0.0.0.0", func(b []byte) { copy(b[4:8], []byte{0, 0, 0, 0}) }, "IP 0.0.0.0"},
+		{"broadcast", func(b []byte) { copy(b[4:8], []byte{255, 255, 255, 255}) }, "IP 255.255.255.255"},
+		{"multicast", func(b []byte) { copy(b[4:8], []byte{224, 0, 0, 1}) }, "IP 224.0.0.1"},
+	} {
+		bad := bytes.Clone(own)
+		tc.change(bad)
+		err := tcp.CheckName(bad)
+		assert.ErrorIs(t, err, errclass.ErrBadHandle, tc.name)
+		assert.ErrorContains(t, err, tc.want, tc.name)
 	}
 	shm := open(t, fabric.BackendSHM)
 	assert.NoError(t, shm.CheckName(make([]byte, 40)), "shm names come from a verified owner, any length")
