@@ -106,15 +106,20 @@ func (p *memPeer) busy(slot uint32) bool {
 }
 
 // droppable reports whether the peer's marks can no longer count: it
-// exited, or it marks nothing and no longer maps the page. Idle alone is
-// not enough: the connection's end does not tell that the peer stopped
-// using the link (the owner ends it too, replacing its shm endpoint:
-// dropPeers), and an op that marked the page after the owner dropped it
-// would copy through a Buffer.Close that no longer looks at the page.
+// exited, or it no longer maps the page. Idle alone is not enough: the
+// connection's end does not tell that the peer stopped using the link
+// (the owner ends it too, replacing its shm endpoint: dropPeers), and an
+// op that marked the page after the owner dropped it would copy through a
+// Buffer.Close that no longer looks at the page. A mark left on a page the
+// peer unmapped counts for nothing: a peer's ops mark and clear it through
+// that mapping, and it frees the page once the last of them ended, so
+// only a peer that does not follow the protocol leaves one; kept, such
+// peers held a page and a pidfd each, without bound (an attacker's
+// review).
 func (p *memPeer) droppable() bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.released || p.dead() || idle(p.uses) && !p.stillMaps()
+	return p.released || p.dead() || !p.stillMaps()
 }
 
 func (p *memPeer) release() {
@@ -232,11 +237,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 
 // newMemPeer makes pid's use page and sends it with the generations page.
 func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
-	m.memPeers.mu.Lock()
-	m.memPeers.prune()
-	full := len(m.memPeers.list) >= maxMemPeers
-	m.memPeers.mu.Unlock()
-	if full {
+	if m.memPeers.full() {
 		return nil, memAnswer(c, memRefused, fmt.Sprintf("%d peers map this manager's memory already", maxMemPeers), 0, nil)
 	}
 	page, err := mr.Alloc(useSlots * 4)
@@ -349,6 +350,17 @@ func (ps *memPeers) end(p *memPeer) {
 	ps.ended = append(ps.ended, p)
 }
 
+// full reports whether the owner has handed out maxMemPeers use pages,
+// after letting go of those whose marks no longer count. The ended peers
+// kept (they still map their pages) count: each holds a page and a pidfd
+// as a connected one does.
+func (ps *memPeers) full() bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.prune()
+	return len(ps.list)+len(ps.ended) >= maxMemPeers
+}
+
 // prune releases the ended peers whose marks no longer count. Under ps.mu.
 func (ps *memPeers) prune() {
 	kept := ps.ended[:0]
@@ -361,15 +373,6 @@ func (ps *memPeers) prune() {
 	}
 	clear(ps.ended[len(kept):])
 	ps.ended = kept
-}
-
-func idle(u mem.Uses) bool {
-	for i := range u {
-		if u.InUse(uint32(i)) {
-			return false
-		}
-	}
-	return true
 }
 
 // wait waits until no live peer marks an op on slot's buffer, or until

@@ -175,3 +175,51 @@ func TestEndedPeerKeptWhileItMapsItsPage(t *testing.T) {
 	require.True(t, p.released, "kept after the peer unmapped its page")
 	require.Empty(t, ps.ended)
 }
+
+// TestEndedPeerWithMarksOnAnUnmappedPage: a mark on a use page its peer
+// no longer maps counts for nothing (no op of the peer's can clear it, and
+// a peer frees its page only once its ops ended): the page goes at the
+// connection's end. Kept, a process of the owner's user that marked,
+// unmapped and reconnected, over and over, had the owner hold a page and
+// a pidfd per round until its descriptors ran out (an attacker's review).
+// And the owner hands out no more pages than maxMemPeers, the kept ones
+// counted.
+func TestEndedPeerWithMarksOnAnUnmappedPage(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	page, err := mr.Alloc(useSlots * 4)
+	require.NoError(t, err)
+	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
+	require.NoError(t, err)
+	// A file this process does not map stands for the page the peer
+	// unmapped.
+	f, err := os.CreateTemp(t.TempDir(), "unmapped")
+	require.NoError(t, err)
+	defer f.Close()
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(int(f.Fd()), &st))
+	p := &memPeer{pid: os.Getpid(), pidfd: pidfd, page: page, uses: mem.UsesOf(page), dev: st.Dev, ino: st.Ino}
+	p.uses.Mark(7)
+	require.True(t, p.uses.InUse(7))
+	ps := &memPeers{list: []*memPeer{p}}
+	ps.end(p)
+	require.True(t, p.released, "a marked page its live peer no longer maps was kept")
+	require.Empty(t, ps.ended)
+
+	// Peers that ended and still map their pages count toward the bound.
+	mapped, err := mr.Alloc(4096)
+	require.NoError(t, err)
+	defer func() { _ = mr.Free(mapped) }()
+	fd, ok, err := mr.File(mapped, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, unix.Fstat(fd, &st))
+	_ = unix.Close(fd)
+	kept := &memPeer{pid: os.Getpid(), pidfd: -1, dev: st.Dev, ino: st.Ino, released: true}
+	ps = &memPeers{}
+	for range maxMemPeers - 1 {
+		ps.ended = append(ps.ended, &memPeer{pid: os.Getpid(), pidfd: -1, dev: st.Dev, ino: st.Ino})
+	}
+	require.False(t, ps.full())
+	ps.list = append(ps.list, kept)
+	require.True(t, ps.full(), "kept pages count")
+}
