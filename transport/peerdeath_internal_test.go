@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/fitransfer/fitransfer/internal/testenv"
 )
 
 // TestVerifierCountsDeaths: the verifier counts a peer that died or left
@@ -58,4 +61,46 @@ func TestVerifierCountsDeaths(t *testing.T) {
 	v.untrack(announce)
 	v.untrack(exited)
 	assert.Empty(t, v.conns)
+}
+
+// TestVerifierBoundsConnections: the verifier serves at most
+// maxVerifierConnsPerPID connections of one process at a time (each costs
+// the owner a socket, a pidfd and a goroutine): the next is closed at
+// once, without the proof, and one comes in once another ended. A process
+// of the owner's user that connected without end ran the owner out of
+// descriptors (an attacker's review).
+func TestVerifierBoundsConnections(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	m, err := New(context.Background(), WithProviders(testenv.RouteMem))
+	require.NoError(t, err)
+	defer m.Close()
+	dial := func() *net.UnixConn {
+		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: verifySocket(m.id), Net: "unixpacket"})
+		require.NoError(t, err)
+		return c
+	}
+	// answered reports whether the owner sent its proof (it serves the
+	// connection) rather than closing it.
+	answered := func(c *net.UnixConn) bool {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+		n, err := c.Read(make([]byte, 4096))
+		return err == nil && n > 0
+	}
+	var conns []*net.UnixConn
+	for i := range maxVerifierConnsPerPID {
+		c := dial()
+		defer c.Close()
+		require.True(t, answered(c), "connection %d", i)
+		conns = append(conns, c)
+	}
+	over := dial()
+	defer over.Close()
+	assert.False(t, answered(over), "a connection past the bound was served")
+
+	require.NoError(t, conns[0].Close())
+	require.Eventually(t, func() bool {
+		c := dial()
+		defer c.Close()
+		return answered(c)
+	}, 10*time.Second, 10*time.Millisecond, "no connection served after one ended")
 }

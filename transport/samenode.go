@@ -371,6 +371,8 @@ type verifier struct {
 	ln    *net.UnixListener
 	mu    sync.Mutex
 	conns map[*net.UnixConn]*verifiedPeer
+	// perPID counts conns by process (admits).
+	perPID map[int]int
 	// deaths counts the peers seen to die or leave (takeDeaths), each
 	// process once however many connections it had.
 	deaths uint64
@@ -414,6 +416,10 @@ func (m *Manager) startVerifier() error {
 			cred, err := peerCred(c)
 			if err != nil || cred.Uid != uid {
 				_ = c.Close() // another user's process learns nothing
+				continue
+			}
+			if !v.admits(int(cred.Pid)) {
+				_ = c.Close() // its other connections go on
 				continue
 			}
 			if !v.track(c, int(cred.Pid)) {
@@ -467,6 +473,24 @@ func (m *Manager) attendSameNode() (release func()) {
 	return func() {}
 }
 
+// admits reports whether a new connection of process pid may be served:
+// each costs a socket, a pidfd and a goroutine (and a mem link a use
+// page), so a process of this user that opened connections without end
+// ran its owner out of descriptors (an attacker's review). A process's
+// managers need a few each; maxVerifierConnsPerPID and maxVerifierConns
+// leave legitimate peers far below.
+func (v *verifier) admits(pid int) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.perPID[pid] < maxVerifierConnsPerPID && len(v.conns) < maxVerifierConns
+}
+
+// The bounds of admits.
+const (
+	maxVerifierConnsPerPID = 64
+	maxVerifierConns       = 4096
+)
+
 func (v *verifier) track(c *net.UnixConn, pid int) bool {
 	// The peer is connected, so pid is its process, not a reused number.
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -482,6 +506,10 @@ func (v *verifier) track(c *net.UnixConn, pid int) bool {
 		return false
 	}
 	v.conns[c] = &verifiedPeer{pid: pid, pidfd: fd}
+	if v.perPID == nil {
+		v.perPID = map[int]int{}
+	}
+	v.perPID[pid]++
 	return true
 }
 
@@ -489,6 +517,11 @@ func (v *verifier) untrack(c *net.UnixConn) {
 	v.mu.Lock()
 	p := v.conns[c]
 	delete(v.conns, c)
+	if p != nil {
+		if v.perPID[p.pid]--; v.perPID[p.pid] <= 0 {
+			delete(v.perPID, p.pid)
+		}
+	}
 	v.mu.Unlock()
 	_ = c.Close()
 	if p != nil && p.pidfd >= 0 {
