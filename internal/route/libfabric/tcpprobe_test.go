@@ -58,24 +58,31 @@ func TestTCPExplain(t *testing.T) {
 		victim bool   // the job met the connection an earlier rejection dropped
 		want   error  // nil: no explanation
 		hint   string // the chunk errors' hint afterwards ("": unchanged)
+		past   bool   // the job's deadline passed: no time to dial the owner
 	}{
-		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, errclass.ErrPeerGone, ""},
-		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, errclass.ErrStaleHandle, rejected},
+		{"canceled, nothing listens", []error{canceled(2), canceled(2)}, deadName, false, errclass.ErrPeerGone, "", false},
+		{"canceled, the owner listens (a refused key)", []error{canceled(2)}, liveName, false, errclass.ErrStaleHandle, rejected, false},
 		// rxm's prov_errno is a leftover errno: ENOTCONN there does not
 		// mean the owner exited.
-		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, errclass.ErrPeerGone, ""},
-		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, errclass.ErrStaleHandle, rejected},
-		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, errclass.ErrStaleHandle, rejected},
-		{"not connected, nothing listens", []error{notConn()}, deadName, false, errclass.ErrPeerGone, ""},
-		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected},
-		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore},
-		{"not only cancellations", []error{canceled(2), &progress.Error{Errno: fabric.ErrIO}}, deadName, false, nil, ""},
-		{"a timeout", []error{&progress.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, false, nil, ""},
-		{"no errors", nil, deadName, false, nil, ""},
+		{"canceled (ENOTCONN), nothing listens", []error{canceled(int(syscall.ENOTCONN))}, deadName, false, errclass.ErrPeerGone, "", false},
+		{"canceled (ENOTCONN), the owner listens (a refused key)", []error{canceled(int(syscall.ENOTCONN))}, liveName, false, errclass.ErrStaleHandle, rejected, false},
+		{"canceled and not connected, the owner listens", []error{canceled(2), notConn()}, liveName, false, errclass.ErrStaleHandle, rejected, false},
+		{"not connected, nothing listens", []error{notConn()}, deadName, false, errclass.ErrPeerGone, "", false},
+		{"not connected, the owner listens", []error{notConn()}, liveName, false, nil, rejected, false},
+		{"not connected after an earlier rejection", []error{notConn()}, liveName, true, nil, droppedBefore, false},
+		{"not only cancellations", []error{canceled(2), &progress.Error{Errno: fabric.ErrIO}}, deadName, false, nil, "", false},
+		{"a timeout", []error{&progress.TimeoutError{Cause: context.DeadlineExceeded}}, deadName, false, nil, "", false},
+		{"no errors", nil, deadName, false, nil, "", false},
+		// Unexplained, such ops had no class and were not retryable
+		// (a new user's review): given time, they are posted again.
+		{"canceled, past the deadline", []error{canceled(2)}, liveName, false, errclass.ErrTimeout, "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &progress.Job{Op: progress.Read, PeerName: "peer-x", Errs: tt.errs}
+			if tt.past {
+				j.Deadline = time.Now().Add(-time.Second)
+			}
 			err := Explain(j, tt.peer, tt.victim)
 			for _, e := range tt.errs {
 				var ce *progress.Error
@@ -94,7 +101,7 @@ func TestTCPExplain(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, tt.want)
-			for _, other := range []error{errclass.ErrPeerGone, errclass.ErrStaleHandle} {
+			for _, other := range []error{errclass.ErrPeerGone, errclass.ErrStaleHandle, errclass.ErrTimeout} {
 				if other != tt.want {
 					assert.NotErrorIs(t, err, other)
 				}
@@ -104,8 +111,10 @@ func TestTCPExplain(t *testing.T) {
 				require.ErrorAs(t, err, &gone)
 				assert.Contains(t, err.Error(), "peer-x")
 				assert.Contains(t, err.Error(), "connection refused")
-			} else {
+			} else if tt.want == errclass.ErrStaleHandle {
 				assert.Contains(t, err.Error(), "still listens")
+			} else {
+				assert.Contains(t, err.Error(), "could not be told in time")
 			}
 		})
 	}
