@@ -700,6 +700,10 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			}
 			if gone, why := proc.Gone(pid); gone {
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
+			} else if pid == os.Getpid() {
+				// A manager of this process would have been found above
+				// (liveManagers): the handle's closed.
+				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: "the buffer's manager, in this process, closed"}
 			}
 			rt.refused = sameNodeRefusal(err)
 		default:

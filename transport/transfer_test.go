@@ -956,3 +956,25 @@ func TestRegisteredMemoryIsNotFreed(t *testing.T) {
 	require.ErrorIs(t, err, transport.ErrNoRoute, "mem shares no write-only buffer")
 	require.NoError(t, mr.Free(mem), "a registration refused holds nothing")
 }
+
+// TestHandleOfAClosedManagerOfThisProcess: a handle of another manager of
+// this process that has closed names an owner that is gone, on every
+// route (ErrPeerGone), as a closed manager of another process does: on
+// the same-node routes it read as access denied (a new user's review).
+func TestHandleOfAClosedManagerOfThisProcess(t *testing.T) {
+	for _, route := range providers {
+		t.Run(route, func(t *testing.T) {
+			testenv.RequireRoute(t, route)
+			owner := newManager(t, transport.WithProviders(route))
+			b, err := owner.Alloc(4096, mr.ReadWrite)
+			require.NoError(t, err)
+			h := b.Remote()
+			require.NoError(t, owner.Close())
+			user := newManager(t, transport.WithProviders(route))
+			local := register(t, user, alloc(t, 4096), mr.ReadWrite)
+			err = user.ReadInto(ctxTimeout(t, 30*time.Second), local, h)
+			require.ErrorIs(t, err, transport.ErrPeerGone)
+			assert.NotErrorIs(t, err, transport.ErrAccessDenied)
+		})
+	}
+}
