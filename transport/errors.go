@@ -24,7 +24,11 @@ var (
 	// (closed, or the owner restarted), or the handle was altered. Where
 	// the owner's provider checks keys (tcp;ofi_rxm, efa), any key, range
 	// or access mismatch it refuses is reported as this: it does not say
-	// which.
+	// which. On tcp;ofi_rxm the owner refuses an op by dropping the
+	// connection, and the ops of other requests in flight on it then
+	// fail so too, their handles valid or not: a request that shares a
+	// manager and owner with another's stale handle may retry once before
+	// it takes its own handle for stale.
 	ErrStaleHandle = errclass.ErrStaleHandle
 	// ErrAccessDenied: the owner did not grant the remote right the op needs.
 	ErrAccessDenied = errclass.ErrAccessDenied
