@@ -51,6 +51,8 @@ type bufState struct {
 	owned     bool // Manager.Alloc's: the memory goes with the registration
 	// freed: freeOwned freed the memory (Bytes is nil from then on).
 	freed atomic.Bool
+	// left counts the jobs left with ops in flight (AddLeft).
+	left atomic.Int32
 	// unhold ends the mr.Hold that keeps mr.Free off host memory while
 	// it is registered (nil once ended, and for device memory). Under mu.
 	unhold func()
@@ -375,6 +377,26 @@ func (st *bufState) AddStuck(delta int) {
 	defer st.mu.Unlock()
 	st.stuck += delta
 	st.wakeCloser()
+}
+
+// AddLeft counts the jobs that a request's waiter left with ops in flight
+// (a deadline or cancel came first), until they are idle: their ops may
+// still write the memory (reads into it), after the request returned.
+func (st *bufState) AddLeft(delta int) { st.left.Add(int32(delta)) }
+
+// awaitLeft waits, within t's limits, until no op that an earlier request
+// left in flight on st is in flight any more: one still writing the
+// memory could land after a later request into the same memory returned
+// nil (a new user's review: late bytes of a timed-out read overwrote a
+// later read's). Past t's limits it returns their error.
+func (st *bufState) awaitLeft(t *reqTimes) error {
+	for pause := 20 * time.Microsecond; st.left.Load() > 0; pause = min(2*pause, time.Millisecond) {
+		if err := t.err(); err != nil {
+			return err
+		}
+		time.Sleep(pause)
+	}
+	return nil
 }
 
 // wakeCloser lets a waiting Close go on once only stuck transfers, or

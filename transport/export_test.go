@@ -262,3 +262,6 @@ func EndpointSetHeld(m *Manager) bool {
 	}
 	return true
 }
+
+// LeftOps counts the jobs left with ops in flight on b's memory (AddLeft).
+func LeftOps(b *Buffer) int32 { return b.st.left.Load() }

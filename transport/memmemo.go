@@ -64,8 +64,8 @@ func keepMemo(m *Manager, o *opSpec) {
 // the route again or explains why there is none.
 func (m *Manager) memFast(ctx context.Context, kind string, op progress.Op, local view, r *RemoteBuffer) (bool, error) {
 	h := m.memo(r)
-	if h == nil || local.st == nil || local.st.m != m || ctx.Err() != nil {
-		return false, nil
+	if h == nil || local.st == nil || local.st.m != m || ctx.Err() != nil || local.st.left.Load() > 0 {
+		return false, nil // the full path waits for ops left in flight (awaitLeft)
 	}
 	if m.acquire() != nil {
 		return false, nil

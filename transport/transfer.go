@@ -253,10 +253,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					// read before the release, after which the xfer may
 					// serve another request).
 					attempted += len(j.Chunks)
-					o.x.Release()
 					var we *progress.WedgedError
 					if errors.As(err, &we) {
+						o.x.Release() // its ops wait for a call that may never return
 						failed++
+					} else {
+						o.x.ReleaseLeft()
 					}
 					o.failed(err)
 					errs = append(errs, err)
@@ -546,6 +548,14 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			return fmt.Errorf("%s: local %w", o.op, err)
 		}
 		reached = i + 1
+		if o.local.st.left.Load() > 0 {
+			if err := o.local.st.awaitLeft(times); err != nil {
+				if errors.Is(err, context.DeadlineExceeded) {
+					err = fmt.Errorf("%w (%w)", ErrTimeout, err)
+				}
+				return fmt.Errorf("%s: %w, waiting for the ops an earlier request left in flight on the local buffer (its deadline or cancel came first; they may still write it): nothing moved", o.op, err)
+			}
+		}
 		if h := m.memo(&o.remote); h != nil {
 			if mm, ok := h.take(o.op, o.local.st, &o.remote); ok {
 				// The route the handle remembers: held as takeMem holds.
@@ -846,7 +856,11 @@ func (m *Manager) nextPart(o *opSpec, lim route.Limit) error {
 		st.hold() // before x lets go of it
 		next = o.b.NewXfer(st)
 	}
-	x.Release()
+	if len(x.Job().Errs) > 0 {
+		x.ReleaseLeft() // a chunk that failed may have left others in flight
+	} else {
+		x.Release()
+	}
 	o.x, o.submitted = nil, false
 	switch {
 	case !more:

@@ -978,3 +978,39 @@ func TestHandleOfAClosedManagerOfThisProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestNoLateBytesAfterNil: a read whose deadline came while its op was in
+// flight (its owner stopped) leaves that op with the provider, and the
+// op's bytes land whenever the owner answers. A later request into the
+// same local buffer waits for it (within its own limits) instead of
+// returning nil before those late bytes land over its own: before, a new
+// user's reused buffer took in a timed-out read's bytes after the next
+// read had returned nil.
+func TestNoLateBytesAfterNil(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteTCP)
+	const n = 1 << 20
+	m := newManager(t, transport.WithProviders(testenv.RouteTCP), transport.WithTimeout(time.Minute))
+	stalled := testpeer.Start(t, testenv.RouteTCP)
+	hs := stalled.Register(n, mr.ReadWrite, 1)
+	other := testpeer.Start(t, testenv.RouteTCP)
+	ho := other.Register(n, mr.ReadWrite, 2)
+	local := register(t, m, alloc(t, n), mr.ReadWrite)
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, hs)) // connected
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, ho))
+
+	stalled.Stop()
+	defer stalled.Continue()
+	err := m.ReadInto(ctxTimeout(t, 200*time.Millisecond), local, hs)
+	require.ErrorIs(t, err, transport.ErrTimeout)
+	require.Equal(t, int32(1), transport.LeftOps(local), "the read's op stays in flight")
+
+	err = m.ReadInto(ctxTimeout(t, 500*time.Millisecond), local, ho)
+	require.ErrorIs(t, err, transport.ErrTimeout, "a read into memory another op may still write returned nil")
+	assert.Contains(t, err.Error(), "left in flight on the local buffer")
+
+	stalled.Continue()
+	require.Eventually(t, func() bool { return transport.LeftOps(local) == 0 }, 30*time.Second, time.Millisecond,
+		"the left op never completed")
+	require.NoError(t, m.ReadInto(ctxTimeout(t, time.Minute), local, ho))
+	assert.Equal(t, testpeer.Pattern(n, 2), local.Bytes())
+}

@@ -79,10 +79,11 @@ func openWith(t *testing.T, provider fabric.Backend, hints *fabric.Info) *Route 
 }
 
 // holder counts what Xfers do with the buffer they hold.
-type holder struct{ unrefs, stuck atomic.Int32 }
+type holder struct{ unrefs, stuck, left atomic.Int32 }
 
 func (h *holder) Unref()             { h.unrefs.Add(1) }
 func (h *holder) AddStuck(delta int) { h.stuck.Add(int32(delta)) }
+func (h *holder) AddLeft(delta int)  { h.left.Add(int32(delta)) }
 
 // TestXferMovesBytes reads and writes between two routes of this process
 // through the route's own API — Peer, NewXfer, Aim, Submit, Wait — on

@@ -13,12 +13,14 @@ import (
 )
 
 // Holder is the local buffer an Xfer's chunks use: the Xfer gives its
-// reference back (Unref) when its last op is done, and says when its ops
+// reference back (Unref) when its last op is done, says when its ops
 // may never complete (AddStuck), so that the buffer's Close need not wait
-// for them.
+// for them, and counts a job its waiter left with ops in flight until the
+// job is idle (AddLeft; ReleaseLeft).
 type Holder interface {
 	Unref()
 	AddStuck(delta int)
+	AddLeft(delta int)
 }
 
 // Use is a mark an Xfer keeps for the transport (HoldUse): a peer's use
@@ -35,19 +37,24 @@ type Use interface {
 // recycles it. Until then the memory its chunks target stays registered
 // and mapped.
 type Xfer struct {
-	r        *Route
-	job      *progress.Job
-	refs     atomic.Int32
-	local    Holder
-	scratch  []uint32
-	peer     *Peer // the address the job posts to; a use of it until released
-	pid      int   // shm: the peer's process, for peerAlive
-	dead     bool  // shm: abandoned with ops in flight to a dead peer
-	stuck    bool  // shm: ended with ops in flight that may never complete
-	probe    probe // tcp: the stall watch
-	use      Use   // HoldUse's
-	useSlot  uint32
-	useEnded atomic.Bool // endUse ran
+	r       *Route
+	job     *progress.Job
+	refs    atomic.Int32
+	local   Holder
+	scratch []uint32
+	peer    *Peer // the address the job posts to; a use of it until released
+	pid     int   // shm: the peer's process, for peerAlive
+	dead    bool  // shm: abandoned with ops in flight to a dead peer
+	stuck   bool  // shm: ended with ops in flight that may never complete
+	// stuckSeen is stuck for the waiter's goroutine (ReleaseLeft); left:
+	// the local buffer counts the job as left in flight (ReleaseLeft),
+	// until whichever of the job's idle, markStuck and the last release
+	// takes it back first.
+	stuckSeen, left atomic.Bool
+	probe           probe // tcp: the stall watch
+	use             Use   // HoldUse's
+	useSlot         uint32
+	useEnded        atomic.Bool // endUse ran
 	// WatchGen's: the owner's generation word of the job's buffer, the
 	// handle's generation, and the hold that keeps the word mapped.
 	genWord *uint64
@@ -146,6 +153,7 @@ func xferPosted(j *progress.Job) {
 // xferIdle is the jobs' OnIdle: the loop's release.
 func xferIdle(j *progress.Job) {
 	x := j.Tag.(*Xfer)
+	x.unleave()
 	if x.dead {
 		x.r.deadOps.Add(-1) // its ops completed after all
 	}
@@ -156,11 +164,38 @@ func xferIdle(j *progress.Job) {
 	x.Release()
 }
 
+// ReleaseLeft is Release for a waiter whose job ended before all of its
+// ops had (a deadline, a cancel): while the loop still holds the job, its
+// ops in flight may still write the local buffer (a read), and the
+// buffer counts the job as left (Holder.AddLeft) until it is idle — or
+// until its ops turn out never to complete (markStuck: a dead peer,
+// whose ops move nothing).
+func (x *Xfer) ReleaseLeft() {
+	if x.local != nil && !x.stuckSeen.Load() {
+		// Counted before it is marked: whoever takes the mark back
+		// (unleave) finds the count there.
+		x.local.AddLeft(1)
+		x.left.Store(true)
+		if x.stuckSeen.Load() {
+			x.unleave() // markStuck ran meanwhile and found no mark
+		}
+	}
+	x.Release()
+}
+
+// unleave takes back ReleaseLeft's count, once.
+func (x *Xfer) unleave() {
+	if x.left.CompareAndSwap(true, false) {
+		x.local.AddLeft(-1)
+	}
+}
+
 // Release is the waiter's release (the loop makes its own).
 func (x *Xfer) Release() {
 	if x.refs.Add(-1) != 0 {
 		return
 	}
+	x.unleave()
 	if x.local != nil {
 		x.local.Unref()
 	}
@@ -179,6 +214,7 @@ func (x *Xfer) Release() {
 		x.genWord, x.genHold = nil, nil
 	}
 	x.r, x.local, x.scratch, x.pid, x.dead, x.stuck = nil, nil, x.scratch[:0], 0, false, false
+	x.stuckSeen.Store(false)
 	x.probe.name, x.probe.drop = nil, nil
 	x.job.Reset()
 	xferPool.Put(x)
@@ -223,5 +259,7 @@ func (x *Xfer) markStuck(j *progress.Job) {
 		return
 	}
 	x.stuck = true
+	x.stuckSeen.Store(true)
 	x.local.AddStuck(1)
+	x.unleave()
 }
