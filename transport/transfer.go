@@ -24,7 +24,10 @@ import (
 // before anything moved), or an error wrapping ErrTooSmall,
 // ErrBufferClosed, ErrAccessDenied, ErrNoRoute, ErrStaleHandle... for bad
 // input, before anything moved. The package documentation lists the
-// classes errors.Is answers, route by route.
+// classes errors.Is answers, route by route. A deadline or cancel cannot
+// recall ops already with the provider: after an error they may still
+// write dst for a while; a later request with dst waits for them (within
+// its own limits), and Buffer.Close waits for them too.
 func (m *Manager) ReadInto(ctx context.Context, dst *Buffer, src RemoteBuffer) error {
 	if ctx == nil {
 		return nilContext("ReadInto")
