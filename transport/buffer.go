@@ -51,8 +51,12 @@ type bufState struct {
 	owned     bool // Manager.Alloc's: the memory goes with the registration
 	// freed: freeOwned freed the memory (Bytes is nil from then on).
 	freed atomic.Bool
-	// left counts the jobs left with ops in flight (AddLeft).
-	left atomic.Int32
+	// left counts the jobs left with ops in flight (AddLeft); leftAt:
+	// when the last was left (UnixNano); unguarded: the rails' probe
+	// buffer, whose probes left in flight are of no one's concern.
+	left      atomic.Int32
+	leftAt    atomic.Int64
+	unguarded bool
 	// unhold ends the mr.Hold that keeps mr.Free off host memory while
 	// it is registered (nil once ended, and for device memory). Under mu.
 	unhold func()
@@ -382,15 +386,27 @@ func (st *bufState) AddStuck(delta int) {
 // AddLeft counts the jobs that a request's waiter left with ops in flight
 // (a deadline or cancel came first), until they are idle: their ops may
 // still write the memory (reads into it), after the request returned.
-func (st *bufState) AddLeft(delta int) { st.left.Add(int32(delta)) }
+func (st *bufState) AddLeft(delta int) {
+	if st.unguarded {
+		return
+	}
+	if delta > 0 {
+		st.leftAt.Store(time.Now().UnixNano())
+	}
+	st.left.Add(int32(delta))
+}
 
 // awaitLeft waits, within t's limits, until no op that an earlier request
 // left in flight on st is in flight any more: one still writing the
 // memory could land after a later request into the same memory returned
 // nil (a new user's review: late bytes of a timed-out read overwrote a
-// later read's). Past t's limits it returns their error.
+// later read's). Past t's limits it returns their error. Ops left longer
+// than leftPatience ago are taken for stuck, and not waited for.
 func (st *bufState) awaitLeft(t *reqTimes) error {
 	for pause := 20 * time.Microsecond; st.left.Load() > 0; pause = min(2*pause, time.Millisecond) {
+		if time.Since(time.Unix(0, st.leftAt.Load())) >= leftPatience {
+			return nil
+		}
 		if err := t.err(); err != nil {
 			return err
 		}
@@ -398,6 +414,14 @@ func (st *bufState) awaitLeft(t *reqTimes) error {
 	}
 	return nil
 }
+
+// leftPatience is how long after the last op left in flight on a buffer
+// a request still waits for such ops: one toward a peer that died after
+// the deadline, or in a call that never returns, may never end (a
+// review), and waited for, it would keep the buffer from every request
+// for good. As progress.WedgeAfter's default: such an op's late bytes
+// would come from a peer that answered after that long.
+const leftPatience = 10 * time.Second
 
 // wakeCloser lets a waiting Close go on once only stuck transfers, or
 // none, hold the buffer. Under st.mu.

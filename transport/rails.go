@@ -708,7 +708,14 @@ func (m *Manager) probeRail(i int, r RemoteBuffer) {
 	h.probedAt.Store(time.Now().UnixNano())
 	go func() {
 		defer h.probing.Store(false)
-		m.probeOnce.Do(func() { m.probeBuf, m.probeErr = m.Alloc(probeSize, 0) })
+		m.probeOnce.Do(func() {
+			m.probeBuf, m.probeErr = m.Alloc(probeSize, 0)
+			if m.probeErr == nil {
+				// Its probes are left in flight on a stalled rail on
+				// purpose; their bytes matter to no one.
+				m.probeBuf.st.unguarded = true
+			}
+		})
 		if m.probeErr != nil {
 			return
 		}

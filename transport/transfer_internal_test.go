@@ -1,9 +1,12 @@
 package transport
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/fitransfer/fitransfer/internal/route"
 )
@@ -30,4 +33,28 @@ func TestCopiesOnly(t *testing.T) {
 	for _, c := range cases {
 		assert.Equal(t, c.want, copiesOnly(c.ops), c.name)
 	}
+}
+
+// TestAwaitLeftIsBounded: a request waits for ops an earlier one left in
+// flight on its buffer within its own limits, and not for ops left
+// longer than leftPatience ago (taken for stuck: a peer that died after
+// the deadline, a call that never returns), which would otherwise keep
+// the buffer from every request for good (a review). The rails' probe
+// buffer counts none.
+func TestAwaitLeftIsBounded(t *testing.T) {
+	st := &bufState{}
+	st.AddLeft(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := st.awaitLeft(&reqTimes{ctx: ctx, timeout: time.Minute})
+	require.ErrorIs(t, err, context.DeadlineExceeded, "waited within the request's limits")
+
+	st.leftAt.Store(time.Now().Add(-leftPatience).UnixNano())
+	require.NoError(t, st.awaitLeft(&reqTimes{ctx: context.Background(), timeout: time.Minute}), "ops left long ago are not waited for")
+
+	st.AddLeft(-1)
+	require.Zero(t, st.left.Load())
+	probe := &bufState{unguarded: true}
+	probe.AddLeft(1)
+	require.Zero(t, probe.left.Load())
 }
