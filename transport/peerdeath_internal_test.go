@@ -103,4 +103,13 @@ func TestVerifierBoundsConnections(t *testing.T) {
 		defer c.Close()
 		return answered(c)
 	}, 10*time.Second, 10*time.Millisecond, "no connection served after one ended")
+
+	// Connections the owner ends itself (it replaced its shm endpoint:
+	// dropPeers) no longer count either.
+	m.verifier.dropPeers()
+	for i := range maxVerifierConnsPerPID {
+		c := dial()
+		defer c.Close()
+		require.True(t, answered(c), "connection %d after the owner dropped its peers", i)
+	}
 }

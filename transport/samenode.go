@@ -487,7 +487,7 @@ func (v *verifier) admits(pid int) bool {
 
 // The bounds of admits.
 const (
-	maxVerifierConnsPerPID = 64
+	maxVerifierConnsPerPID = 256
 	maxVerifierConns       = 4096
 )
 
@@ -516,11 +516,8 @@ func (v *verifier) track(c *net.UnixConn, pid int) bool {
 func (v *verifier) untrack(c *net.UnixConn) {
 	v.mu.Lock()
 	p := v.conns[c]
-	delete(v.conns, c)
 	if p != nil {
-		if v.perPID[p.pid]--; v.perPID[p.pid] <= 0 {
-			delete(v.perPID, p.pid)
-		}
+		v.forget(c, p)
 	}
 	v.mu.Unlock()
 	_ = c.Close()
@@ -608,7 +605,15 @@ func (v *verifier) dropPeers() {
 		if p.pidfd >= 0 {
 			_ = unix.Close(p.pidfd)
 		}
-		delete(v.conns, c)
+		v.forget(c, p)
+	}
+}
+
+// forget takes c, p's connection, off the verifier's books. Under v.mu.
+func (v *verifier) forget(c *net.UnixConn, p *verifiedPeer) {
+	delete(v.conns, c)
+	if v.perPID[p.pid]--; v.perPID[p.pid] <= 0 {
+		delete(v.perPID, p.pid)
 	}
 }
 
@@ -624,6 +629,7 @@ func (v *verifier) close() {
 		}
 	}
 	v.conns = nil // untrack finds nothing more to close; track refuses
+	v.perPID = nil
 	v.mu.Unlock()
 	v.wg.Wait()
 }
