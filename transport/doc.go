@@ -99,8 +99,8 @@
 // already lost to an owner that still listens (the next ones after a
 // refusal, until rxm reconnects) is posted again until it reaches the new
 // connection; one still failing so has no class and is retryable. When
-// the request's deadline leaves no time for the dial (or the dial goes
-// unanswered), the cancelled ops' error is a timeout (ErrTimeout). A write
+// the request's deadline leaves no time for the dial, the cancelled ops'
+// error is a timeout (ErrTimeout). A write
 // of an Action set to InjectComplete returns nil once its bytes are in the
 // socket: the owner's refusal, or a connection lost after that, is not
 // reported to it (one posted to a connection already lost, or flushed

@@ -286,7 +286,12 @@ func (m *Manager) execute(ctx context.Context, kind string, ops []opSpec) error 
 					// op's error too: its class (the owner refused, or is
 					// gone) is what the raw completions do not say.
 					errs = slices.Insert(errs, first, why)
-					o.fail = why
+					if !errors.Is(why, ErrTimeout) {
+						// A deadline that cut the question short says
+						// nothing of the rail (railFault): the chunks'
+						// errors stand for it.
+						o.fail = why
+					}
 				}
 			}
 			if err := m.nextPart(o, lim); err != nil {

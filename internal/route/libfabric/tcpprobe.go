@@ -142,9 +142,8 @@ func tcpPeerAlive(j *progress.Job) error {
 // instead of an exited peer; when victim (the job met the connection an
 // earlier rejection dropped, and RedoAfterDrop posted it again until
 // staleConnWindow ran out), the earlier op. It returns nil when the errors
-// say enough already, and an error wrapping ErrTimeout when the owner
-// cannot be reached to ask by the job's deadline (or within a dial's
-// ownerDialTimeout).
+// say enough already, and an error wrapping ErrTimeout when the job's
+// deadline came before the owner could be asked.
 func Explain(j *progress.Job, name []byte, victim bool) error {
 	if !connLost(j.Errs, false) {
 		return nil // a timeout, the stall probe's verdict, other errors: they explain it
@@ -157,14 +156,17 @@ func Explain(j *progress.Job, name []byte, victim bool) error {
 	case ownerGone:
 		return tcpPeerGone(j, addr)
 	case ownerUnknown:
+		if j.Deadline.IsZero() || time.Now().Before(j.Deadline) {
+			return nil // the dial failed otherwise (the host unreachable): the errors stand as they are
+		}
 		// Unexplained, the flushed ops had no class and were not
 		// retryable, even ops of a valid handle that only met a
 		// connection another op's refusal dropped (a new user's
 		// review): given time, they would have been posted again.
-		return fmt.Errorf("%w: the connection to the owner at %s dropped under the op, and whether the owner refused an op "+
-			"(this one's handle, or another's in flight on that connection) or is gone could not be told in time: "+
-			"its endpoint did not answer a dial before the request's deadline (or within %v); with more time, an op that only "+
-			"met the dropped connection is posted again", errclass.ErrTimeout, addr, ownerDialTimeout)
+		return fmt.Errorf("%w: the connection to the owner at %s dropped under the op, and the request's deadline came before "+
+			"a dial of its endpoint could tell whether the owner refused an op (this one's handle, or another's in flight on "+
+			"that connection) or is gone; with more time, an op that only met the dropped connection is posted again",
+			errclass.ErrTimeout, addr)
 	}
 	hint := hintRejected
 	if victim {

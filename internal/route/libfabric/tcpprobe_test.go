@@ -114,7 +114,7 @@ func TestTCPExplain(t *testing.T) {
 			} else if tt.want == errclass.ErrStaleHandle {
 				assert.Contains(t, err.Error(), "still listens")
 			} else {
-				assert.Contains(t, err.Error(), "could not be told in time")
+				assert.Contains(t, err.Error(), "deadline came before a dial")
 			}
 		})
 	}
