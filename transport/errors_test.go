@@ -56,6 +56,10 @@ func TestBadArguments(t *testing.T) {
 		}
 		_, err := New(nilCtx)
 		assert.ErrorContains(t, err, "transport.New: nil context.Context")
+		for _, source := range []string{"0.0.0.0", "::"} {
+			_, err := New(context.Background(), WithSourceAddress(source))
+			assert.ErrorContains(t, err, "a wildcard address", source)
+		}
 	})
 	t.Run("WithProviders", func(t *testing.T) {
 		testenv.RequireRoute(t, testenv.RouteTCP)

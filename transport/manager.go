@@ -146,6 +146,10 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	if cfg.timeout <= 0 {
 		return nil, fmt.Errorf("transport.New: WithTimeout(%v): want a positive duration (the deadline of transfers whose context has none)", cfg.timeout)
 	}
+	if ip := net.ParseIP(cfg.source); ip != nil && ip.IsUnspecified() {
+		// Peers refuse an endpoint name with no address of a host in it.
+		return nil, fmt.Errorf("transport.New: WithSourceAddress(%q): a wildcard address; give one of this host's addresses", cfg.source)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
