@@ -316,6 +316,36 @@ var liveManagers sync.Map
 // outside New and Close).
 var liveCount atomic.Int32
 
+// closedManagers are the IDs of the last managers of this process that
+// closed: a handle of one of them names an owner that is gone, where a
+// handle naming this process and an ID it never had is forged.
+var closedManagers recentIDs
+
+// recentIDs keeps the last len(ids) IDs added.
+type recentIDs struct {
+	mu   sync.Mutex
+	ids  [256]ID
+	next int
+}
+
+func (r *recentIDs) add(id ID) {
+	r.mu.Lock()
+	r.ids[r.next%len(r.ids)] = id
+	r.next++
+	r.mu.Unlock()
+}
+
+func (r *recentIDs) has(id ID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := 0; i < min(r.next, len(r.ids)); i++ {
+		if r.ids[i] == id {
+			return true
+		}
+	}
+	return false
+}
+
 // discover runs fi_getinfo with fitransfer's RMA hints; with
 // WithSourceAddress, IP providers are asked for that local address.
 func (m *Manager) discover() ([]fabric.Info, error) {
@@ -704,9 +734,10 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			}
 			if gone, why := proc.Gone(pid); gone {
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: why}
-			} else if pid == os.Getpid() {
-				// A manager of this process would have been found above
-				// (liveManagers): the handle's closed.
+			} else if pid == os.Getpid() && closedManagers.has(r.owner) {
+				// A manager of this process that closed (an open one
+				// would have been found above, liveManagers); an ID this
+				// process never had is a forged handle's, refused below.
 				rt.gone = &progress.PeerGoneError{Peer: cma.Peer(pid), Cause: "the buffer's manager, in this process, closed"}
 			}
 			rt.refused = sameNodeRefusal(err)
@@ -881,6 +912,7 @@ func (m *Manager) Close() error {
 	m.awaitNone(&m.copying, deadline, "copying")
 	if _, was := liveManagers.LoadAndDelete(m.id); was {
 		liveCount.Add(-1) // not for a New that failed before it counted m
+		closedManagers.add(m.id)
 	}
 	if m.railsStop != nil {
 		close(m.railsStop)

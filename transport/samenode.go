@@ -612,8 +612,10 @@ func (v *verifier) dropPeers() {
 // forget takes c, p's connection, off the verifier's books. Under v.mu.
 func (v *verifier) forget(c *net.UnixConn, p *verifiedPeer) {
 	delete(v.conns, c)
-	if v.perPID[p.pid]--; v.perPID[p.pid] <= 0 {
-		delete(v.perPID, p.pid)
+	if n := v.perPID[p.pid]; n > 1 {
+		v.perPID[p.pid] = n - 1
+	} else {
+		delete(v.perPID, p.pid) // a nil map too: tests make verifiers of their own
 	}
 }
 

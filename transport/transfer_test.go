@@ -961,6 +961,8 @@ func TestRegisteredMemoryIsNotFreed(t *testing.T) {
 // this process that has closed names an owner that is gone, on every
 // route (ErrPeerGone), as a closed manager of another process does: on
 // the same-node routes it read as access denied (a new user's review).
+// A forged handle naming this process and an ID it never had stays
+// refused (test.TestNoConfusedDeputy, "owner unknown").
 func TestHandleOfAClosedManagerOfThisProcess(t *testing.T) {
 	for _, route := range providers {
 		t.Run(route, func(t *testing.T) {
