@@ -45,16 +45,16 @@ type Xfer struct {
 	peer    *Peer // the address the job posts to; a use of it until released
 	pid     int   // shm: the peer's process, for peerAlive
 	dead    bool  // shm: abandoned with ops in flight to a dead peer
-	stuck   bool  // shm: ended with ops in flight that may never complete
-	// stuckSeen is stuck for the waiter's goroutine (ReleaseLeft); left:
-	// the local buffer counts the job as left in flight (ReleaseLeft),
-	// until whichever of the job's idle, markStuck and the last release
-	// takes it back first.
-	stuckSeen, left atomic.Bool
-	probe           probe // tcp: the stall watch
-	use             Use   // HoldUse's
-	useSlot         uint32
-	useEnded        atomic.Bool // endUse ran
+	// stuck: shm, ended with ops in flight that may never complete (set
+	// by the loop, read by the waiter too: ReleaseLeft); left: the local
+	// buffer counts the job as left in flight (ReleaseLeft), until
+	// whichever of the job's idle, markStuck and the last release takes
+	// it back first.
+	stuck, left atomic.Bool
+	probe       probe // tcp: the stall watch
+	use         Use   // HoldUse's
+	useSlot     uint32
+	useEnded    atomic.Bool // endUse ran
 	// WatchGen's: the owner's generation word of the job's buffer, the
 	// handle's generation, and the hold that keeps the word mapped.
 	genWord *uint64
@@ -157,7 +157,7 @@ func xferIdle(j *progress.Job) {
 	if x.dead {
 		x.r.deadOps.Add(-1) // its ops completed after all
 	}
-	if x.stuck && x.local != nil {
+	if x.stuck.Load() && x.local != nil {
 		x.local.AddStuck(-1)
 	}
 	x.endUse() // nothing of the job is in flight any more, or its endpoint closed
@@ -171,12 +171,12 @@ func xferIdle(j *progress.Job) {
 // until its ops turn out never to complete (markStuck: a dead peer,
 // whose ops move nothing).
 func (x *Xfer) ReleaseLeft() {
-	if x.local != nil && !x.stuckSeen.Load() {
+	if x.local != nil && !x.stuck.Load() {
 		// Counted before it is marked: whoever takes the mark back
 		// (unleave) finds the count there.
 		x.local.AddLeft(1)
 		x.left.Store(true)
-		if x.stuckSeen.Load() {
+		if x.stuck.Load() {
 			x.unleave() // markStuck ran meanwhile and found no mark
 		}
 	}
@@ -213,8 +213,8 @@ func (x *Xfer) Release() {
 		x.genHold.Drop()
 		x.genWord, x.genHold = nil, nil
 	}
-	x.r, x.local, x.scratch, x.pid, x.dead, x.stuck = nil, nil, x.scratch[:0], 0, false, false
-	x.stuckSeen.Store(false)
+	x.r, x.local, x.scratch, x.pid, x.dead = nil, nil, x.scratch[:0], 0, false
+	x.stuck.Store(false)
 	x.probe.name, x.probe.drop = nil, nil
 	x.job.Reset()
 	xferPool.Put(x)
@@ -255,11 +255,10 @@ func peerAlive(j *progress.Job) error {
 // complete (the peer died, or the endpoint is blocked behind such ops):
 // its local buffer's Close need not wait for them.
 func (x *Xfer) markStuck(j *progress.Job) {
-	if x.stuck || j.InFlight() == 0 || x.local == nil {
+	if x.stuck.Load() || j.InFlight() == 0 || x.local == nil {
 		return
 	}
-	x.stuck = true
-	x.stuckSeen.Store(true)
+	x.stuck.Store(true)
 	x.local.AddStuck(1)
 	x.unleave()
 }
