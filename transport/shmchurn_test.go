@@ -143,6 +143,107 @@ func meetOwners(t *testing.T, m *transport.Manager, n int) {
 	}
 }
 
+// TestShmOwnersInTurnWithoutCMA: as TestShmOwnersInTurn, from a manager
+// whose shm cannot use CMA (FI_SHM_DISABLE_CMA, which shm reads once a
+// process, so in a child of its own), as where yama or a container's
+// seccomp forbids process_vm_readv: every op then goes to the owner as
+// a command. libfabric 1.x's shm gave the second owner the first one's
+// slot with the first one's handshake still in it, and the second owner
+// crashed inside fi_cq_read on the write's command, which named a slot
+// of its map that held no one (shmhandshake.go). The ops must succeed
+// with the bytes in place, and the owners live.
+func TestShmOwnersInTurnWithoutCMA(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	t.Setenv("FI_SHM_DISABLE_CMA", "1")
+	const n = 40
+	owners, err := testpeer.StartFunc("shm owners in turn", fmt.Sprint(n))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, owners.Close(), "the owners' child") }()
+	peer, err := testpeer.StartFunc("shm meets owners")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, peer.Close(), "the initiator's child") }()
+	for i := 0; i < n; i++ {
+		h, err := owners.ReadLine()
+		require.NoError(t, err, "owner %d's handle", i)
+		require.NoError(t, peer.WriteLine(h))
+		got, err := peer.ReadLine()
+		require.NoError(t, err, "owner %d", i)
+		require.Equal(t, "ok", got, "owner %d", i)
+		require.NoError(t, owners.WriteLine("next"))
+	}
+	require.NoError(t, peer.WriteLine("end"))
+}
+
+// shmMeetsOwners is a child with an shm-only manager that, for each
+// handle line it reads, writes 8 bytes to that buffer, reads them back,
+// and answers "ok" or what went wrong, until a line "end".
+func init() {
+	testpeer.Register("shm meets owners", func(conn io.ReadWriter, _ []string) error {
+		ctx := context.Background()
+		m, err := transport.New(ctx, transport.WithProviders("shm"), transport.WithTimeout(10*time.Second))
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		local, err := mr.Alloc(64)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = mr.Free(local) }()
+		b, err := m.Register(local, mr.ReadWrite)
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		buf, err := b.Slice(0, 8)
+		if err != nil {
+			return err
+		}
+		in := bufio.NewScanner(conn)
+		for i := 0; in.Scan() && in.Text() != "end"; i++ {
+			if err := meetOwner(ctx, m, buf, local, in.Text(), byte(i)); err != nil {
+				fmt.Fprintln(conn, err)
+				continue
+			}
+			fmt.Fprintln(conn, "ok")
+		}
+		return in.Err()
+	})
+}
+
+// meetOwner writes 8 bytes from buf to the owner's buffer whose handle is
+// line in hex, reads them back into buf, and checks them in local (buf's
+// memory).
+func meetOwner(ctx context.Context, m *transport.Manager, buf *transport.Buffer, local []byte, line string, seed byte) error {
+	h, err := hex.DecodeString(strings.TrimSpace(line))
+	if err != nil {
+		return err
+	}
+	var r transport.RemoteBuffer
+	if err := r.UnmarshalBinary(h); err != nil {
+		return err
+	}
+	if r, err = r.Slice(0, 8); err != nil {
+		return err
+	}
+	for k := range 8 {
+		local[k] = seed + byte(k)
+	}
+	if err := m.WriteFrom(ctx, r, buf); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	clear(local[:8])
+	if err := m.ReadInto(ctx, buf, r); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	for k := range 8 {
+		if local[k] != seed+byte(k) {
+			return fmt.Errorf("byte %d is %d, not %d", k, local[k], seed+byte(k))
+		}
+	}
+	return nil
+}
+
 // TestShmRotationUnderLoad: goroutines keep writing to and reading back
 // from a long-lived owner, each its own part of its buffer, while the
 // manager meets owners in turn and, on libfabric 2.x, moves its shm ops

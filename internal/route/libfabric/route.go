@@ -95,6 +95,10 @@ type Route struct {
 	deadSince atomic.Int64  // unix nanoseconds of the first
 	deadRound atomic.Uint64 // the loop's Rounds then
 	deadPeer  atomic.Pointer[string]
+
+	// own: this endpoint's region, where removePeer clears the
+	// handshakes removed peers leave (1.x's shm); on the loop only.
+	own ownRegion
 }
 
 // Open opens an endpoint for info and starts its progress loop. chunkCap,
@@ -243,6 +247,7 @@ func (r *Route) CloseWith(beforeEndpointClose func()) error {
 		if r.Scratch != nil {
 			r.Scratch.closeMRs()
 		}
+		r.own.unmap()
 	})
 }
 
@@ -429,7 +434,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 			// The region went during the insert. Removed again; on 1.x
 			// the removal keeps the name in shm's map, in a slot the
 			// next insert takes: never inserted again.
-			r.loop.Endpoint().ForgetPeer(name)
+			r.removePeer(name)
 			if fabric.RuntimeVersion().Major() == 1 {
 				if r.unmapped == nil {
 					r.unmapped = map[string]bool{}
@@ -479,7 +484,7 @@ func (r *Route) forget(name []byte, only *Peer) {
 		}
 		delete(r.peers, string(name))
 		r.mu.Unlock()
-		r.loop.Endpoint().ForgetPeer(name)
+		r.removePeer(name)
 		r.maybeDrained()
 	})
 }
