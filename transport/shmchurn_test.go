@@ -145,9 +145,9 @@ func meetOwners(t *testing.T, m *transport.Manager, n int) {
 
 // TestShmOwnersInTurnWithoutCMA: as TestShmOwnersInTurn, from a manager
 // whose shm cannot use CMA (FI_SHM_DISABLE_CMA, which shm reads once a
-// process, so in a child of its own), as where yama or a container's
-// seccomp forbids process_vm_readv: every op then goes to the owner as
-// a command. libfabric 1.x's shm gave the second owner the first one's
+// process, so in a child of its own), as where yama's ptrace_scope
+// forbids process_vm_readv: every op then goes to the owner as a
+// command. libfabric 1.x's shm gave the second owner the first one's
 // slot with the first one's handshake still in it, and the second owner
 // crashed inside fi_cq_read on the write's command, which named a slot
 // of its map that held no one (shmhandshake.go). The ops must succeed
