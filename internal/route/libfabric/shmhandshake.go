@@ -30,12 +30,14 @@ import (
 // removes an shm peer, it clears the slot's handshake in its own region,
 // as the peer's first answer would have set it.
 //
-// The region's layout is shm's shared-memory format (SMR_VERSION 4:
-// libfabric 1.17 and 1.18, include/ofi_shm.h); a region of another
-// format, or of a debug build, is left alone, and its endpoint never
-// removes a peer whose region it mapped (shmKeepsPeers).
+// The region's layout is shm's shared-memory format as libfabric 1.17
+// lays it out (SMR_VERSION 4, include/ofi_shm.h; 1.18 keeps the version
+// number with a shorter header, which the checks of its fields and of
+// this endpoint's own name there refuse). A region of another layout, or
+// of a debug build, is left alone, and its endpoint never removes a peer
+// whose region it mapped (shmKeepsPeers).
 
-// Offsets in shm's region header and peer data, SMR_VERSION 4.
+// Offsets in shm's region header and peer data, libfabric 1.17.
 const (
 	smrVersion4        = 4
 	smrFlagDebug       = 1 << 1

@@ -44,6 +44,15 @@ func TestRegionLayout(t *testing.T) {
 		{"name past the end", func(m []byte) { le.PutUint64(m[smrHdrNameOff:], uint64(len(m))) }, false},
 		{"another name", func(m []byte) { m[le.Uint64(m[smrHdrNameOff:])] = '9' }, false},
 		{"a longer name", func(m []byte) { m[le.Uint64(m[smrHdrNameOff:])+9] = '1' }, false},
+		{"libfabric 1.18's shorter header", func(m []byte) {
+			// No cmd_cnt and sar_cnt: the offsets 16 bytes earlier, then
+			// the socket name's, then the header's end.
+			pd, no := le.Uint64(m[smrHdrPeerDataOff:]), le.Uint64(m[smrHdrNameOff:])
+			le.PutUint64(m[smrHdrPeerDataOff-16:], pd)
+			le.PutUint64(m[smrHdrNameOff-16:], no)
+			le.PutUint64(m[smrHdrPeerDataOff:], no+smrNameMax)
+			le.PutUint64(m[smrHdrNameOff:], 0)
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := fakeRegion("17477:0:0")
