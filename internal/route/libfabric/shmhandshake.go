@@ -35,7 +35,7 @@ import (
 // number with a shorter header, which the checks of its fields and of
 // this endpoint's own name there refuse). A region of another layout, or
 // of a debug build, is left alone, and its endpoint never removes a peer
-// whose region it mapped (shmKeepsPeers).
+// whose region it mapped (removePeer).
 
 // Offsets in shm's region header and peer data, libfabric 1.17.
 const (
@@ -157,16 +157,11 @@ func (o *ownRegion) unmap() {
 	}
 }
 
-// shmKeepsPeers reports whether this endpoint must keep every peer whose
-// region it mapped: 1.x's shm, with a region format fitransfer cannot
-// clear handshakes in. Its map then fills after 256 peers, and further
-// inserts fail with an error, rather than crash a later peer.
-func (r *Route) shmKeepsPeers() bool {
-	return r.clearsHandshakes() && r.region() == nil
-}
-
 // removePeer removes name from the endpoint's address vector, clearing
-// the handshake it leaves on 1.x's shm. On the loop, inside Do.
+// the handshake it leaves on 1.x's shm. A 1.x shm endpoint whose region
+// has another layout keeps every peer whose region it mapped instead:
+// its map then fills after 256 peers, and further inserts fail with an
+// error rather than crash a later peer. On the loop, inside Do.
 func (r *Route) removePeer(name []byte) {
 	if !r.clearsHandshakes() {
 		r.loop.Endpoint().ForgetPeer(name)
@@ -174,7 +169,7 @@ func (r *Route) removePeer(name []byte) {
 	}
 	o := r.region()
 	if o == nil {
-		return // shmKeepsPeers
+		return // kept: see above
 	}
 	slot := o.slotOf(name)
 	r.loop.Endpoint().ForgetPeer(name)
