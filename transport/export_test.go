@@ -265,3 +265,15 @@ func EndpointSetHeld(m *Manager) bool {
 
 // LeftOps counts the jobs left with ops in flight on b's memory (AddLeft).
 func LeftOps(b *Buffer) int32 { return b.st.left.Load() }
+
+// ShmHandshakesCleared is how many removed peers' handshakes m's shm
+// endpoints cleared (libfabric.Route.HandshakesCleared: libfabric 1.x).
+func ShmHandshakesCleared(m *Manager) int64 {
+	var n int64
+	for _, b := range m.backends().all {
+		if b.Provider == fabric.BackendSHM {
+			n += b.HandshakesCleared()
+		}
+	}
+	return n
+}

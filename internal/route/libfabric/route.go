@@ -98,7 +98,8 @@ type Route struct {
 
 	// own: this endpoint's region, where removePeer clears the
 	// handshakes removed peers leave (1.x's shm); on the loop only.
-	own ownRegion
+	own     ownRegion
+	cleared atomic.Int64 // see HandshakesCleared
 }
 
 // Open opens an endpoint for info and starts its progress loop. chunkCap,
@@ -427,6 +428,7 @@ func (r *Route) PeerBy(ctx context.Context, deadline time.Time, name []byte) (*P
 		default:
 			r.inserts.Add(1) // shm's map may take a slot even for an insert that fails
 		}
+		r.sweepRemovals(name)
 		if addr, err = r.loop.Endpoint().Peer(name); err != nil {
 			return
 		}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fitransfer/fitransfer/fabric"
+	"github.com/fitransfer/fitransfer/internal/proc"
 )
 
 // A removed peer's handshake, left in its slot (libfabric 1.x's shm).
@@ -60,6 +61,9 @@ type ownRegion struct {
 	mem      []byte
 	peerData int
 	tried    bool
+	// later: removed peers that keep their slot until they can no
+	// longer write here (sweepRemovals).
+	later map[string]bool
 }
 
 // clearsHandshakes reports whether removing a peer from this endpoint
@@ -160,8 +164,17 @@ func (o *ownRegion) unmap() {
 // removePeer removes name from the endpoint's address vector, clearing
 // the handshake it leaves on 1.x's shm. A 1.x shm endpoint whose region
 // has another layout keeps every peer whose region it mapped instead:
-// its map then fills after 256 peers, and further inserts fail with an
-// error rather than crash a later peer. On the loop, inside Do.
+// its map then fills after 256 of its inserts, and further ones fail
+// with an error rather than crash a later peer. On the loop, inside Do.
+//
+// A peer that may still write into this endpoint's region keeps its slot
+// until it cannot (sweepRemovals): it answers a name this endpoint sent
+// it by writing the handshake, and sends commands that name its slot
+// here, whenever its own progress gets to them, and either, after the
+// clear, would hand the next peer of the slot a stale handshake or have
+// this endpoint follow a region it unmapped. fitransfer forgets an owner
+// when its verifier's connection ends, which an owner's Close does
+// before its shm endpoint stops.
 func (r *Route) removePeer(name []byte) {
 	if !r.clearsHandshakes() {
 		r.loop.Endpoint().ForgetPeer(name)
@@ -171,9 +184,55 @@ func (r *Route) removePeer(name []byte) {
 	if o == nil {
 		return // kept: see above
 	}
+	if shmPeerMayWrite(name) {
+		if o.later == nil {
+			o.later = map[string]bool{}
+		}
+		o.later[string(name)] = true
+		return
+	}
+	r.removeNow(o, name)
+}
+
+// removeNow removes name and clears the handshake its slot keeps.
+func (r *Route) removeNow(o *ownRegion, name []byte) {
 	slot := o.slotOf(name)
 	r.loop.Endpoint().ForgetPeer(name)
 	if slot >= 0 {
 		o.clearHandshake(slot)
+		r.cleared.Add(1)
 	}
 }
+
+// sweepRemovals removes the peers removePeer kept that can no longer
+// write here; before each insert (PeerBy), which may take a freed slot.
+// A name about to be inserted again is simply taken back. On the loop.
+func (r *Route) sweepRemovals(inserting []byte) {
+	o := &r.own
+	if len(o.later) == 0 {
+		return
+	}
+	delete(o.later, string(inserting)) // still inserted: Peer finds it
+	for name := range o.later {
+		if !shmPeerMayWrite([]byte(name)) {
+			delete(o.later, name)
+			r.removeNow(o, []byte(name))
+		}
+	}
+}
+
+// shmPeerMayWrite reports whether the shm endpoint name may still run
+// its progress: its region file is there and its process has not exited.
+// shm unlinks the file when the endpoint closes; a killed process's file
+// stays until a manager of its user removes it.
+func shmPeerMayWrite(name []byte) bool {
+	if !shmRegionExists(name) {
+		return false
+	}
+	gone, _ := proc.Gone(ShmPeerPID(name))
+	return !gone
+}
+
+// HandshakesCleared is how many removed peers' handshakes this endpoint
+// cleared (removePeer), for tests.
+func (r *Route) HandshakesCleared() int64 { return r.cleared.Load() }
