@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +64,8 @@ type ownRegion struct {
 	tried    bool
 	// later: removed peers that keep their slot until they can no
 	// longer write here (sweepRemovals).
-	later map[string]bool
+	later    map[string]bool
+	sweeping bool // sweepLater is armed
 }
 
 // clearsHandshakes reports whether removing a peer from this endpoint
@@ -189,9 +191,42 @@ func (r *Route) removePeer(name []byte) {
 			o.later = map[string]bool{}
 		}
 		o.later[string(name)] = true
+		if !o.sweeping {
+			o.sweeping = true
+			r.sweepLater(sweepFirst)
+		}
 		return
 	}
 	r.removeNow(o, name)
+}
+
+// sweepFirst and sweepMax bound the pauses between sweeps of the peers
+// removePeer kept: a closing peer's file goes within milliseconds, and a
+// peer that keeps its endpoint open is looked at once a second.
+const (
+	sweepFirst = 20 * time.Millisecond
+	sweepMax   = time.Second
+)
+
+// sweepLater sweeps the kept peers after pause, and again, each pause
+// twice the last up to sweepMax, while some are kept; until the loop
+// stops. The sweep before an insert may come first.
+func (r *Route) sweepLater(pause time.Duration) {
+	time.AfterFunc(pause, func() {
+		again := false
+		if r.loop.Do(func() {
+			r.sweepRemovals(nil)
+			o := &r.own
+			if again = len(o.later) > 0; !again {
+				o.sweeping = false
+			}
+		}) != nil {
+			return // the loop stopped: the endpoint's close unmaps every region
+		}
+		if again {
+			r.sweepLater(min(2*pause, sweepMax))
+		}
+	})
 }
 
 // removeNow removes name and clears the handshake its slot keeps.
@@ -205,8 +240,9 @@ func (r *Route) removeNow(o *ownRegion, name []byte) {
 }
 
 // sweepRemovals removes the peers removePeer kept that can no longer
-// write here; before each insert (PeerBy), which may take a freed slot.
-// A name about to be inserted again is simply taken back. On the loop.
+// write here: before each insert (PeerBy), which may take a freed slot,
+// and from sweepLater. A name about to be inserted again is simply taken
+// back. On the loop.
 func (r *Route) sweepRemovals(inserting []byte) {
 	o := &r.own
 	if len(o.later) == 0 {
