@@ -629,6 +629,9 @@ type routed struct {
 	refused string
 	// gone is set when that is because the owner is gone.
 	gone *progress.PeerGoneError
+	// noShm says why shm was not taken toward a verified owner that
+	// offers it (sameNodePeer.shmMismatch).
+	noShm string
 }
 
 // route picks the backend for a handle: a copy when the owner is a
@@ -772,6 +775,8 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 				return rt, err
 			}
 			return rt, peer.firstLink(t, cma.Name)
+		case shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) != "":
+			rt.noShm = peer.shmMismatch(bs.sameNode) // another route, if both have one
 		case shmEP != nil && peer.shmName != nil:
 			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.shmOutgoing(), shmEP, peer
 			if err := matchesPeer(r, shmEP, peer); err != nil || !m.linkOn {
@@ -813,6 +818,10 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	if rt.refused != "" {
 		return rt, fmt.Errorf("%w: the owner is on this node but no same-node route may be used (%s), and it offers no other route this manager has (owner: %v, here: %v)",
 			ErrAccessDenied, rt.refused, r.Providers(), local)
+	}
+	if rt.noShm != "" {
+		return rt, fmt.Errorf("%w: %s; the owner offers no other route this manager has (owner: %v, here: %v)",
+			ErrNoRoute, rt.noShm, r.Providers(), local)
 	}
 	if len(r.eps) == 0 {
 		// No decoded or registered handle is empty (check): only Via

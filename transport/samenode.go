@@ -110,7 +110,13 @@ type sameNodePeer struct {
 	cma     guardLoc // its guard table for process_vm_readv: address and table id
 	shm     guardLoc // the same table over shm: remote address and memory key
 	shmName []byte   // its shm endpoint name; nil without shm
-	conn    *net.UnixConn
+	// shmFormat: whether this process's shm and the owner's speak one
+	// format (shmMismatch): 0 not looked at yet, 1 they do, 2 they do
+	// not, shmWhy saying so.
+	shmFormat atomic.Int32
+	shmMu     sync.Mutex
+	shmWhy    string
+	conn      *net.UnixConn
 	// gone: the owner's side ended the connection: it closed its manager
 	// or exited. Never set when this manager ended it (replaced).
 	gone atomic.Bool
@@ -944,6 +950,30 @@ func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodeP
 	old.replaced.Store(true)
 	_ = old.conn.Close()
 	return m.sameNodePeer(t, owner)
+}
+
+// shmMismatch says why own, this manager's first shm endpoint, must not
+// talk to p's (libfabric.Route.ShmMismatch), looked at once a
+// verification; "" when they may.
+func (p *sameNodePeer) shmMismatch(own *libfabric.Route) string {
+	switch p.shmFormat.Load() {
+	case 1:
+		return ""
+	case 2:
+		p.shmMu.Lock()
+		defer p.shmMu.Unlock()
+		return p.shmWhy
+	}
+	p.shmMu.Lock()
+	defer p.shmMu.Unlock()
+	if p.shmFormat.Load() == 0 {
+		if p.shmWhy = own.ShmMismatch(p.shmName); p.shmWhy == "" {
+			p.shmFormat.Store(1)
+		} else {
+			p.shmFormat.Store(2)
+		}
+	}
+	return p.shmWhy
 }
 
 // errNoAnswer is a verification that found no manager listening: the

@@ -112,6 +112,55 @@ func shmRegionExists(name []byte) bool {
 	return ok && int(st.Uid) == os.Geteuid()
 }
 
+// ShmMismatch says why this shm endpoint must not talk to the shm
+// endpoint named peer: their regions' formats differ (the version byte
+// that starts each region, SMR_VERSION: 4 on libfabric 1.17, 8 on 2.0 to
+// 2.3). shm lays its shared memory out differently in each, checks no
+// peer's, and a process of one libfabric reading a region of another
+// crashed inside it (a new user's review: a 2.1 client of a 1.17 serve,
+// SIGSEGV in its first post; a 1.17 client of a 2.1 serve, SIGSEGV, or
+// a guard entry read back as other bytes). "" when they match, or when
+// either region cannot be read: an op then finds the peer gone.
+func (r *Route) ShmMismatch(peer []byte) string {
+	own, ok := shmRegionFormat(r.name)
+	if !ok {
+		return ""
+	}
+	theirs, ok := shmRegionFormat(peer)
+	if !ok || theirs == own {
+		return ""
+	}
+	return fmt.Sprintf("libfabric's shm here lays out its shared memory in format %d, and the owner's shm endpoint %s in format %d: "+
+		"shm between different libfabric versions crashes; build both sides against one libfabric, or reach the owner over another route",
+		own, shmText(peer), theirs)
+}
+
+// shmRegionFormat reads the version byte that starts the region of the
+// shm endpoint name: a regular file of this user.
+func shmRegionFormat(name []byte) (byte, bool) {
+	s, ok := strings.CutPrefix(shmText(name), shmPrefix)
+	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
+		return 0, false
+	}
+	f, err := os.OpenFile("/dev/shm/"+s, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, false
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+		return 0, false
+	}
+	var b [1]byte
+	if n, err := f.ReadAt(b[:], 0); n != 1 || err != nil {
+		return 0, false
+	}
+	return b[0], true
+}
+
 // shmRegionsMapped reports, for each of names (shm endpoint names), whether
 // this process maps that endpoint's region (/dev/shm/PID:UID:INDEX, its
 // file deleted or not), by /proc/self/maps: what the kernel says this
