@@ -113,7 +113,10 @@ func Connect(cfg Config, extra bootstrap.Message) (*Session, error) {
 	s.Route, err = cfg.Manager.Route(s.remote)
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("%w; start both sides with a common -p provider", err)
+		if sharesNoProvider(cfg.Manager, s.remote) {
+			err = fmt.Errorf("%w; start both sides with a common -p provider", err)
+		}
+		return nil, err
 	}
 	s.Provider = s.Route.Backend
 	return s, nil
@@ -377,4 +380,18 @@ func (s *Session) verify(size, seed uint64) (bool, error) {
 		return false, fmt.Errorf("verify: the server's buffer differs from what was written at offset %d (of %d bytes)", m.Mismatch, size)
 	}
 	return true, nil
+}
+
+// sharesNoProvider reports whether the owner of r offers no provider m
+// has: the fix for a missing route is then a common -p provider, and
+// otherwise the route's own error says what is missing.
+func sharesNoProvider(m *transport.Manager, r transport.RemoteBuffer) bool {
+	for _, b := range m.Backends() {
+		for _, p := range r.Providers() {
+			if b.Provider == p {
+				return false
+			}
+		}
+	}
+	return true
 }

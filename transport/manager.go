@@ -786,16 +786,21 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		}
 	}
 	if bs.remote != nil {
-		if b, ep := m.onRail(bs, r, pin); ep != nil {
+		if b, ep := m.onRail(bs, r, pin); ep != nil && !b.OtherFamily(ep.name) {
 			rt.kind, rt.b, rt.ep = route.Fabric, b, ep
 			return rt, nil
 		}
 	}
+	var otherFamily *libfabric.Route
 	for _, b := range bs.all {
 		if b.Provider == fabric.BackendSHM || b.Retired.Load() {
 			continue // same-node routes only toward a verified owner, above
 		}
 		if ep := r.endpoint(b.Name()); ep != nil {
+			if b.OtherFamily(ep.name) {
+				otherFamily = b // neither reaches the other
+				continue
+			}
 			rt.kind, rt.b, rt.ep = route.Fabric, b, ep
 			return rt, nil
 		}
@@ -818,6 +823,10 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	if rt.refused != "" {
 		return rt, fmt.Errorf("%w: the owner is on this node but no same-node route may be used (%s), and it offers no other route this manager has (owner: %v, here: %v)",
 			ErrAccessDenied, rt.refused, r.Providers(), local)
+	}
+	if otherFamily != nil {
+		return rt, fmt.Errorf("%w: the owner's %s endpoint has an address of the other IP family than this manager's, which is %s (%s); neither reaches the other: give this manager a source address of the owner's family (WithSourceAddress, the CLI's -s), or reach the owner over an address of this one's",
+			ErrNoRoute, otherFamily.Name(), otherFamily.Family(), otherFamily.Address())
 	}
 	if rt.noShm != "" {
 		return rt, fmt.Errorf("%w: %s; the owner offers no other route this manager has (owner: %v, here: %v)",

@@ -38,7 +38,9 @@ func (m *Manager) Address() Address {
 // backends they share with this manager, so that the peer can be the
 // initiator of transfers with this manager's buffers on every provider.
 // Names of providers this manager does not have are ignored, and so are
-// shm names: shm needs no initiator in the target's address vector, and
+// addresses of the other IP family than this manager's endpoint of that
+// provider (an IPv6 peer of an IPv4 endpoint: neither reaches the
+// other), and shm names: shm needs no initiator in the target's address vector, and
 // an shm name is a file in /dev/shm that libfabric maps as it is — taken
 // from a peer's word, a junk or foreign file would crash this process
 // (shm routes insert their owner's name, verified, themselves). It
@@ -55,7 +57,7 @@ func (m *Manager) AddPeer(a Address) ([]string, error) {
 	var adds []add
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() {
+			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() || b.OtherFamily(ep.Name) {
 				continue
 			}
 			if err := b.CheckName(ep.Name); err != nil {
@@ -94,7 +96,7 @@ func (m *Manager) RemovePeer(a Address) {
 	defer m.releaseManager()
 	for _, ep := range a.Endpoints {
 		for _, b := range m.backends().all {
-			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() {
+			if b.Name() != ep.Provider || b.Provider == fabric.BackendSHM || b.Retired.Load() || b.OtherFamily(ep.Name) {
 				continue
 			}
 			b.Unadd(ep.Name)

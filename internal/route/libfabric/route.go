@@ -312,6 +312,35 @@ func (r *Route) CheckName(name []byte) error {
 	return nil
 }
 
+// OtherFamily reports whether name is a well-formed socket address of
+// the other IP family than this endpoint's (an IPv6 peer of an IPv4
+// endpoint, or the reverse): no fault of the name, and no peer this
+// endpoint can reach or be reached from either.
+func (r *Route) OtherFamily(name []byte) bool {
+	var family uint16
+	switch r.Info.AddrFormat {
+	case fabric.AddrSockaddrIn:
+		family = syscall.AF_INET6
+	case fabric.AddrSockaddrIn6:
+		family = syscall.AF_INET
+	default:
+		return false
+	}
+	return len(name) >= 2 && binary.LittleEndian.Uint16(name) == family && checkSockaddr(name) == nil
+}
+
+// Family is this endpoint's IP family, "IPv4" or "IPv6", or "" when its
+// addresses are not IP addresses.
+func (r *Route) Family() string {
+	switch r.Info.AddrFormat {
+	case fabric.AddrSockaddrIn:
+		return "IPv4"
+	case fabric.AddrSockaddrIn6:
+		return "IPv6"
+	}
+	return ""
+}
+
 // checkSockaddr refuses a socket address of the length its family takes
 // that no endpoint can have: another family than AF_INET (16 bytes) or
 // AF_INET6 (28), port 0, or an IP that is unspecified, broadcast or

@@ -249,6 +249,51 @@ func TestCheckName(t *testing.T) {
 	assert.ErrorIs(t, shm.CheckName(make([]byte, MaxNameLen+1)), errclass.ErrBadHandle)
 }
 
+// TestOtherFamily: a well-formed address of the other IP family is no
+// fault of the name, and no peer either; a malformed one is CheckName's
+// to refuse, and not of the other family.
+func TestOtherFamily(t *testing.T) {
+	v4 := func(port uint16, ip ...byte) []byte {
+		b := make([]byte, 16)
+		binary.LittleEndian.PutUint16(b, syscall.AF_INET)
+		binary.BigEndian.PutUint16(b[2:], port)
+		copy(b[4:], ip)
+		return b
+	}
+	v6 := func(port uint16, ip ...byte) []byte {
+		b := make([]byte, 28)
+		binary.LittleEndian.PutUint16(b, syscall.AF_INET6)
+		binary.BigEndian.PutUint16(b[2:], port)
+		copy(b[8:], ip)
+		return b
+	}
+	loop6 := append(make([]byte, 15), 1)
+	in4 := &Route{Info: fabric.Info{AddrFormat: fabric.AddrSockaddrIn}}
+	in6 := &Route{Info: fabric.Info{AddrFormat: fabric.AddrSockaddrIn6}}
+	shm := &Route{Provider: fabric.BackendSHM} // FI_ADDR_STR: its format is none of the IP ones
+	for _, tc := range []struct {
+		name string
+		r    *Route
+		addr []byte
+		want bool
+	}{
+		{"IPv6 to an IPv4 endpoint", in4, v6(5000, loop6...), true},
+		{"IPv4 to an IPv6 endpoint", in6, v4(5000, 127, 0, 0, 1), true},
+		{"IPv4 to an IPv4 endpoint", in4, v4(5000, 127, 0, 0, 1), false},
+		{"IPv6 to an IPv6 endpoint", in6, v6(5000, loop6...), false},
+		{"IPv6 with port 0", in4, v6(0, loop6...), false},
+		{"IPv6 unspecified", in4, v6(5000), false},
+		{"IPv6 family in 16 bytes", in4, v6(5000, loop6...)[:16], false},
+		{"IPv4 family in 28 bytes", in6, append(v4(5000, 127, 0, 0, 1), make([]byte, 12)...), false},
+		{"an shm name", shm, []byte("fi_shm://1:0:0"), false},
+	} {
+		assert.Equal(t, tc.want, tc.r.OtherFamily(tc.addr), tc.name)
+	}
+	assert.Equal(t, "IPv4", in4.Family())
+	assert.Equal(t, "IPv6", in6.Family())
+	assert.Empty(t, shm.Family())
+}
+
 // TestBlocked: ops left in flight to a dead shm peer block the endpoint
 // after blockedGrace, and BlockedOrGone names the dead peer itself when
 // the op goes to it.
