@@ -368,8 +368,9 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 			return fabric.GetInfo(fabric.Query{Hints: fabric.WithoutShmFastRMA(hints(string(fabric.BackendSHM)))})
 		})
 	}
-	if m.cfg.source == "" || m.railsNamed() {
-		// Named rails bind to their domains' own addresses.
+	if m.cfg.source == "" || m.railsNamed() || !m.mayUseTCP(infos) {
+		// Named rails bind to their domains' own addresses; without tcp
+		// a source address binds nothing (the CLI gives one always).
 		if err != nil {
 			return nil, err
 		}
@@ -386,6 +387,21 @@ func (m *Manager) discover() ([]fabric.Info, error) {
 		}
 	}
 	return append(out, tcp...), nil
+}
+
+// mayUseTCP reports whether this manager may open tcp;ofi_rxm: it is
+// among the forced providers, or none are forced and libfabric offers it
+// here (FI_PROVIDER may leave it out).
+func (m *Manager) mayUseTCP(infos []fabric.Info) bool {
+	if len(m.cfg.providers) == 0 {
+		return firstRMA(infos, string(fabric.BackendTCP)) != nil
+	}
+	for _, p := range m.cfg.providers {
+		if canonicalProvider(p) == string(fabric.BackendTCP) {
+			return true
+		}
+	}
+	return false
 }
 
 // replaceProvider swaps the infos of provider for those query returns.
