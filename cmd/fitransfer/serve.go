@@ -84,9 +84,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	m, err := mf.open(ctx)
 	if err != nil && derived {
-		// No tcp endpoint on the listen address (FI_PROVIDER leaves tcp
-		// out, say): serve with what the machine has, and say so.
-		fmt.Fprintf(stderr, "fitransfer serve: no tcp endpoint on %s (%v); serving without one bound there\n", mf.source, oneLine(err))
+		// tcp cannot bind the listen address (not an address of this
+		// host's tcp, say): serve with what the machine has, and say so.
+		fmt.Fprintf(stderr, "fitransfer serve: opening the endpoints with tcp bound to %s failed (%v); serving without tcp bound there\n", mf.source, oneLine(err))
 		mf.source = ""
 		m, err = mf.open(ctx)
 	}
