@@ -42,6 +42,21 @@ func TestDoctorText(t *testing.T) {
 	assert.Contains(t, out, "fi_info gives no PCI address")
 }
 
+// TestDoctorWhenNoManagerOpens: libfabric lists its providers, and none
+// of them opens (FI_HOOK=debug refuses every completion queue, 1.17 and
+// 2.1; libfabric reads it once a process: in a child). doctor said
+// "transfers can work" (a new user's review); it must fail, saying what
+// failed and how to find the cause.
+func TestDoctorWhenNoManagerOpens(t *testing.T) {
+	cmd := cliCommand(t, "doctor")
+	cmd.Env = append(cmd.Env, "FI_HOOK=debug", "FITRANSFER_RAILS=")
+	out, err := cmd.Output()
+	require.Error(t, err, string(out))
+	assert.Regexp(t, `(?m)^fail  manager-open +open \S+ endpoint .*fi_cq_open: Invalid argument`, string(out))
+	assert.Contains(t, string(out), "fix: a provider libfabric lists does not open here")
+	assert.Regexp(t, `(?m)^verdict: no transfer can work: a Manager does not open`, string(out))
+}
+
 func TestDoctorJSON(t *testing.T) {
 	t.Setenv("FITRANSFER_RAILS", "")
 	out, stderr, code := runCLI("doctor", "--json")

@@ -142,10 +142,14 @@ func Run(o Options) Report {
 	r.Rails = railsFor(infos, o.Policy, facts, o.SysfsRoot)
 	rails := r.Rails.check()
 	add(rails)
-	r.OK = (sameNode.Backend != "" || remote.Backend != "") && rails.Status != Fail
+	open := checkManagerOpens(o.Ctx, rails.Status != Fail && (sameNode.Backend != "" || remote.Backend != ""))
+	add(open)
+	r.OK = (sameNode.Backend != "" || remote.Backend != "") && rails.Status != Fail && open.Status != Fail
 	switch {
 	case rails.Status == Fail:
 		r.Verdict = "no transfer can work: a Manager does not open (" + rails.Detail + ")"
+	case open.Status == Fail:
+		r.Verdict = "no transfer can work: a Manager does not open (" + open.Detail + ")"
 	case sameNode.Backend != "" && remote.Backend != "":
 		r.Verdict = fmt.Sprintf("transfers can work: same node over %s, remote over %s", sameNode.Backend, remote.Backend)
 	case r.OK:
@@ -154,6 +158,33 @@ func Run(o Options) Report {
 		r.Verdict = "no transfer can work on this machine: see the failed lines"
 	}
 	return r
+}
+
+// checkManagerOpens opens a Manager with default options, and closes
+// it, when the checks before found backends to open (try): the providers
+// libfabric lists may still fail to open (FI_HOOK=debug refused every
+// completion queue, 1.17 and 2.1, while the listing looked fine).
+func checkManagerOpens(ctx context.Context, try bool) Check {
+	c := Check{Name: "manager-open", Status: Pass}
+	if !try {
+		c.Detail = "not tried: no backend to open (see above)"
+		return c
+	}
+	m, err := transport.New(ctx)
+	if err != nil {
+		c.Status, c.Detail = Fail, err.Error()
+		c.Fix = "a provider libfabric lists does not open here: check the FI_* variables that change providers (FI_HOOK, FI_PROVIDER; `fitransfer info --env`), or force one that opens with -p"
+		return c
+	}
+	var names []string
+	for _, b := range m.Backends() {
+		names = append(names, b.Provider)
+	}
+	c.Detail = "a Manager with default options opens " + strings.Join(names, ", ")
+	if err := m.Close(); err != nil {
+		c.Status, c.Detail, c.Fix = Warn, c.Detail+", and closing it failed: "+err.Error(), "see docs/RELIABILITY.md"
+	}
+	return c
 }
 
 func route(infos []fabric.Info, loc fabric.Locality, p fabric.RMAPolicy, facts fabric.Facts) Route {

@@ -33,7 +33,7 @@ func TestRunOnThisMachine(t *testing.T) {
 	t.Setenv(transport.RailsEnv, "")
 	r := Run(Options{})
 	checks := byName(r)
-	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "device-memory", "backend-same-node", "backend-remote", "rails"} {
+	for _, name := range []string{"libfabric", "efa-use-device-rdma", "providers", "efa", "shm-space", "shm-cma", "memlock", "fi-env", "device-memory", "backend-same-node", "backend-remote", "rails", "manager-open"} {
 		require.Contains(t, checks, name)
 	}
 	// No GPU here: shm answers FI_HMEM hints all the same (1.17 and 2.1),
@@ -63,6 +63,8 @@ func TestRunOnThisMachine(t *testing.T) {
 		assert.Contains(t, checks["backend-same-node"].Detail, "shm")
 	}
 	assert.Equal(t, Pass, checks["shm-cma"].Status, checks["shm-cma"].Detail)
+	assert.Equal(t, Pass, checks["manager-open"].Status, checks["manager-open"].Detail)
+	assert.Contains(t, checks["manager-open"].Detail, "a Manager with default options opens ")
 	assert.Contains(t, checks["providers"].Detail, "tcp")
 	// No EFA here: the remote provider is tcp;ofi_rxm, whose one rail has
 	// no PCI address.
