@@ -122,7 +122,7 @@ func regionLayout(mem []byte, name string) (peerData int, ok bool) {
 	}
 	pd, no := le.Uint64(mem[smrHdrPeerDataOff:]), le.Uint64(mem[smrHdrNameOff:])
 	end := pd + smrMaxPeers*smrPeerDataSize
-	if pd%8 != 0 || pd < smrHdrSize || end < pd || end > no || no+uint64(len(name))+1 > uint64(len(mem)) {
+	if pd%8 != 0 || pd < smrHdrSize || end < pd || end > no || no >= uint64(len(mem)) || uint64(len(mem))-no < uint64(len(name))+1 {
 		return 0, false
 	}
 	if string(mem[no:no+uint64(len(name))]) != name || mem[no+uint64(len(name))] != 0 {

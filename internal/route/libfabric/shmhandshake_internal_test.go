@@ -42,6 +42,8 @@ func TestRegionLayout(t *testing.T) {
 		{"peer data in the header", func(m []byte) { le.PutUint64(m[smrHdrPeerDataOff:], 8) }, false},
 		{"peer data wrapping round", func(m []byte) { le.PutUint64(m[smrHdrPeerDataOff:], ^uint64(0)-64) }, false},
 		{"name past the end", func(m []byte) { le.PutUint64(m[smrHdrNameOff:], uint64(len(m))) }, false},
+		{"name at the last byte", func(m []byte) { le.PutUint64(m[smrHdrNameOff:], uint64(len(m)-1)) }, false},
+		{"name offset wrapping round", func(m []byte) { le.PutUint64(m[smrHdrNameOff:], ^uint64(0)-4) }, false},
 		{"another name", func(m []byte) { m[le.Uint64(m[smrHdrNameOff:])] = '9' }, false},
 		{"a longer name", func(m []byte) { m[le.Uint64(m[smrHdrNameOff:])+9] = '1' }, false},
 		{"libfabric 1.18's shorter header", func(m []byte) {
