@@ -62,6 +62,11 @@ type Job struct {
 	// sends its name). It must not call the loop (Do would wait for
 	// itself).
 	OnPost func(*Job)
+	// OnStrand, when set, runs on the loop goroutine once, when the job
+	// finishes (an error, its deadline or context, a failed Check) with
+	// ops of it still in flight: ops a provider may never complete, and
+	// that then hold back what the endpoint completes after them.
+	OnStrand func(*Job)
 
 	// Errs holds one error per failed chunk, a *TimeoutError when the
 	// context ended first, or ErrClosed.
@@ -1537,6 +1542,9 @@ func (l *Loop) finish(j *Job, err error) {
 	}
 	j.finished = true
 	l.takeLeft(j)
+	if j.inflight > 0 && j.OnStrand != nil {
+		j.OnStrand(j)
+	}
 	if i := j.running; i >= 0 && i < len(l.running) && l.running[i] == j {
 		last := l.running[len(l.running)-1]
 		l.running[i] = last

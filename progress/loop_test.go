@@ -375,8 +375,13 @@ func TestLoopJobExpiredInInboxLeavesEveryQueue(t *testing.T) {
 
 func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
 	l, f := testLoop(t, 2, false) // two op contexts: b waits for a's
-	var idleA, idleB atomic.Int32
+	var idleA, idleB, strandA, strandB atomic.Int32
 	a, b := job(4, &idleA), job(4, &idleB)
+	a.OnStrand = func(j *Job) {
+		assert.Equal(t, 2, j.InFlight(), "on the loop, with its ops in flight")
+		strandA.Add(1)
+	}
+	b.OnStrand = func(*Job) { strandB.Add(1) }
 	past := time.Now().Add(-time.Second)
 	a.Deadline, b.Deadline = time.Now().Add(time.Hour), past
 	require.NoError(t, l.Submit(a))
@@ -392,6 +397,7 @@ func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
 	assert.ErrorIs(t, b.Errs[0], context.DeadlineExceeded)
 	assert.Equal(t, 0, b.Attempted)
 	assert.Equal(t, int32(1), idleB.Load())
+	assert.Zero(t, strandB.Load(), "nothing of b was in flight")
 	assert.False(t, isDone(a))
 
 	// a expires with two chunks in flight: it finishes now, and settles
@@ -404,12 +410,14 @@ func TestLoopDeadlineOfQueuedAndPostedJobs(t *testing.T) {
 	require.ErrorAs(t, a.Errs[0], &te)
 	assert.Equal(t, int32(0), idleA.Load(), "chunks in flight: not idle")
 	assert.Equal(t, 2, a.InFlight())
+	assert.Equal(t, int32(1), strandA.Load(), "finished with ops in flight: stranded, once")
 	f.complete(1)
 	step(l)
 	assert.Equal(t, int32(0), idleA.Load())
 	f.complete(-1)
 	step(l)
 	assert.Equal(t, int32(1), idleA.Load())
+	assert.Equal(t, int32(1), strandA.Load())
 	assert.Equal(t, 0, l.inflight)
 	assert.Len(t, l.free, 2)
 	assert.Equal(t, 0, a.Completed, "completions after the job finished are not counted")

@@ -95,6 +95,10 @@ type Route struct {
 	deadSince atomic.Int64  // unix nanoseconds of the first
 	deadRound atomic.Uint64 // the loop's Rounds then
 	deadPeer  atomic.Pointer[string]
+	// stranded: shm jobs finished with ops in flight, and since when
+	// (xferStranded); strandChecked: the last checkStranded. On the loop.
+	stranded      map[*Xfer]int64
+	strandChecked int64
 
 	// own: this endpoint's region, where removePeer clears the
 	// handshakes removed peers leave (1.x's shm); on the loop only.
@@ -559,7 +563,9 @@ const (
 	blockedRounds = 256
 )
 
-// abandonDead records ops left in flight to an shm peer that died.
+// abandonDead records ops left in flight to an shm peer that will never
+// answer them: it died, its endpoint closed, or (2.x) its owner dropped
+// them with a closed buffer (checkStranded).
 func (r *Route) abandonDead(peer string) {
 	if r.deadOps.Add(1) == 1 {
 		r.deadPeer.Store(&peer)
@@ -586,7 +592,7 @@ func (r *Route) Blocked() error {
 	if p := r.deadPeer.Load(); p != nil {
 		peer = *p
 	}
-	what := fmt.Sprintf("the %s endpoint can complete no more ops: %s died %v ago with ops in flight, "+
+	what := fmt.Sprintf("the %s endpoint can complete no more ops: %s left ops in flight unanswered for good %v ago (its process exited, its endpoint closed, or its owner dropped them with a closed buffer), "+
 		"and shm completes an endpoint's ops in order, so later ops would wait forever", r.Provider, peer, since.Round(time.Millisecond))
 	if r.Outgoing {
 		return fmt.Errorf("%w: %s; %w", errclass.ErrBlocked, what, errclass.ErrRouteReplaced)

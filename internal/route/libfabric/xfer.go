@@ -75,6 +75,7 @@ func (r *Route) NewXfer(local Holder) *Xfer {
 	x.r, x.local = r, local
 	x.job.OnIdle = xferIdle
 	x.job.OnPost = xferPosted
+	x.job.OnStrand = xferStranded
 	x.refs.Store(1) // the waiter's; Submit adds the loop's
 	return x
 }
@@ -153,6 +154,7 @@ func xferPosted(j *progress.Job) {
 // xferIdle is the jobs' OnIdle: the loop's release.
 func xferIdle(j *progress.Job) {
 	x := j.Tag.(*Xfer)
+	x.r.unstrand(x)
 	x.unleave()
 	if x.dead {
 		x.r.deadOps.Add(-1) // its ops completed after all
@@ -226,6 +228,7 @@ func (x *Xfer) Release() {
 // (Blocked), which also ends the jobs waiting behind them.
 func peerAlive(j *progress.Job) error {
 	x := j.Tag.(*Xfer)
+	x.r.checkStranded()
 	gone, why := proc.Gone(x.pid)
 	if !gone {
 		if err := x.r.Blocked(); err != nil {
@@ -249,6 +252,89 @@ func peerAlive(j *progress.Job) error {
 	}
 	x.markStuck(j)
 	return &progress.PeerGoneError{Op: j.Op, Provider: string(fabric.BackendSHM), Peer: j.PeerName, Cause: why}
+}
+
+// Ops that finished jobs left in flight over shm.
+//
+// shm completes an endpoint's ops in order (see Blocked), so an op that
+// is never answered holds back every later one of the endpoint, to any
+// peer. A job whose waiter is gone checks nothing any more; the ops it
+// left are watched here (stranded), from the Check of the jobs still
+// running, for the three ways shm leaves them unanswered for good: the
+// peer's process exited, its endpoint closed (its manager closed, the
+// process alive: its region file is gone), or, on libfabric 2.x, the
+// owner closed the buffer (its generation moved) and dropped what came
+// after without an answer (a data path review: on 2.1 an owner whose
+// manager closed under a write left the writer's outgoing endpoint
+// completing nothing, for good, toward every owner). Such ops are
+// abandoned as those to a dead peer are (abandonDead): the endpoint
+// counts as blocked, and an Outgoing one is replaced.
+
+// xferStranded is the jobs' OnStrand: on shm, the job's ops in flight
+// are watched until they end (unstrand) or are abandoned.
+func xferStranded(j *progress.Job) {
+	x := j.Tag.(*Xfer)
+	if x.r.Provider != fabric.BackendSHM || x.dead {
+		return
+	}
+	if x.r.stranded == nil {
+		x.r.stranded = map[*Xfer]int64{}
+	}
+	x.r.stranded[x] = time.Now().UnixNano()
+}
+
+// unstrand stops watching x: its job is idle. On the loop.
+func (r *Route) unstrand(x *Xfer) {
+	if r.stranded != nil {
+		delete(r.stranded, x)
+	}
+}
+
+// strandGrace is how long the ops of a job that failed on a buffer its
+// owner closed may stay in flight before they count as dropped: ops the
+// owner took before its close complete within it.
+const strandGrace = 200 * time.Millisecond
+
+// checkStranded abandons the stranded ops that shm will never answer; at
+// most every CheckEvery. On the loop (a running job's Check).
+func (r *Route) checkStranded() {
+	if len(r.stranded) == 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	if now-r.strandChecked < int64(progress.CheckEvery) {
+		return
+	}
+	r.strandChecked = now
+	gone := map[*Peer]bool{} // each peer looked at once a check: many jobs may wait on one
+	for x, since := range r.stranded {
+		if x.job.InFlight() == 0 {
+			continue // its completions are in; OnIdle unstrands it
+		}
+		g, seen := gone[x.peer]
+		if !seen {
+			g = x.peerGone()
+			gone[x.peer] = g
+		}
+		dropped := fabric.RuntimeVersion().Major() >= 2 && x.genWord != nil &&
+			atomic.LoadUint64(x.genWord) != x.gen && now-since >= int64(strandGrace)
+		if !g && !dropped {
+			continue
+		}
+		delete(r.stranded, x)
+		x.dead = true
+		r.abandonDead(x.job.PeerName)
+		x.markStuck(x.job)
+	}
+}
+
+// peerGone reports whether x's peer can answer nothing any more: its
+// process exited, or its endpoint closed (its region file is gone).
+func (x *Xfer) peerGone() bool {
+	if gone, _ := proc.Gone(x.pid); gone {
+		return true
+	}
+	return x.peer != nil && !shmRegionExists(x.peer.raw)
 }
 
 // markStuck records, once, that x ends with ops in flight that may never
