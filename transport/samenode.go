@@ -954,7 +954,8 @@ func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodeP
 
 // shmMismatch says why own, this manager's first shm endpoint, must not
 // talk to p's (libfabric.Route.ShmMismatch), looked at once a
-// verification; "" when they may.
+// verification (again while either region cannot be read); "" when they
+// may.
 func (p *sameNodePeer) shmMismatch(own *libfabric.Route) string {
 	switch p.shmFormat.Load() {
 	case 1:
@@ -967,9 +968,14 @@ func (p *sameNodePeer) shmMismatch(own *libfabric.Route) string {
 	p.shmMu.Lock()
 	defer p.shmMu.Unlock()
 	if p.shmFormat.Load() == 0 {
-		if p.shmWhy = own.ShmMismatch(p.shmName); p.shmWhy == "" {
+		why, known := own.ShmMismatch(p.shmName)
+		switch {
+		case !known:
+			return "" // looked at again next time
+		case why == "":
 			p.shmFormat.Store(1)
-		} else {
+		default:
+			p.shmWhy = why
 			p.shmFormat.Store(2)
 		}
 	}

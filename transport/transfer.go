@@ -604,6 +604,9 @@ func (m *Manager) prepare(ctx context.Context, times *reqTimes, ops []opSpec) (e
 			if sn == nil || o.remote.endpoint(sn.Name()) == nil || o.peer.shmName == nil {
 				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer (both need shm with FI_HMEM)", o.op, ErrDeviceMemory)
 			}
+			if why := o.peer.shmMismatch(sn); why != "" {
+				return fmt.Errorf("%s: %w: no same-node path for device memory to this peer: %s", o.op, ErrDeviceMemory, why)
+			}
 			o.ep = o.remote.endpoint(sn.Name())
 			out, err := m.holdShm(o, m.backends().shmOutgoing(), o.ep.name, times)
 			if err != nil {

@@ -95,10 +95,10 @@ type Route struct {
 	deadSince atomic.Int64  // unix nanoseconds of the first
 	deadRound atomic.Uint64 // the loop's Rounds then
 	deadPeer  atomic.Pointer[string]
-	// stranded: shm jobs finished with ops in flight, and since when
-	// (xferStranded); strandChecked: the last checkStranded. On the loop.
-	stranded      map[*Xfer]int64
-	strandChecked int64
+	// stranded: shm jobs finished with ops in flight (xferStranded);
+	// strandChecked: the last checkStranded. Under the drive lock.
+	stranded      map[*Xfer]*strandWatch
+	strandChecked time.Time
 
 	// own: this endpoint's region, where removePeer clears the
 	// handshakes removed peers leave (1.x's shm); on the loop only.

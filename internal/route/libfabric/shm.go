@@ -119,20 +119,24 @@ func shmRegionExists(name []byte) bool {
 // peer's, and a process of one libfabric reading a region of another
 // crashed inside it (a new user's review: a 2.1 client of a 1.17 serve,
 // SIGSEGV in its first post; a 1.17 client of a 2.1 serve, SIGSEGV, or
-// a guard entry read back as other bytes). "" when they match, or when
-// either region cannot be read: an op then finds the peer gone.
-func (r *Route) ShmMismatch(peer []byte) string {
+// a guard entry read back as other bytes). "" when they match; known is
+// false when either region cannot be read (an op then finds the peer
+// gone, or the next look reads it).
+func (r *Route) ShmMismatch(peer []byte) (why string, known bool) {
 	own, ok := shmRegionFormat(r.name)
 	if !ok {
-		return ""
+		return "", false
 	}
 	theirs, ok := shmRegionFormat(peer)
-	if !ok || theirs == own {
-		return ""
+	if !ok {
+		return "", false
+	}
+	if theirs == own {
+		return "", true
 	}
 	return fmt.Sprintf("libfabric's shm here lays out its shared memory in format %d, and the owner's shm endpoint %s in format %d: "+
 		"shm between different libfabric versions crashes; build both sides against one libfabric, or reach the owner over another route",
-		own, shmText(peer), theirs)
+		own, shmText(peer), theirs), true
 }
 
 // shmRegionFormat reads the version byte that starts the region of the

@@ -214,14 +214,17 @@ const (
 func (r *Route) sweepLater(pause time.Duration) {
 	time.AfterFunc(pause, func() {
 		again := false
-		if r.loop.Do(func() {
+		if err := r.loop.Do(func() {
 			r.sweepRemovals(nil)
 			o := &r.own
 			if again = len(o.later) > 0; !again {
 				o.sweeping = false
 			}
-		}) != nil {
-			return // the loop stopped: the endpoint's close unmaps every region
+		}); err != nil {
+			if r.loop.Closing() || r.loop.Stopped() {
+				return // the endpoint's close unmaps every region
+			}
+			again = true // a call held the endpoint past its wedge: later
 		}
 		if again {
 			r.sweepLater(min(2*pause, sweepMax))

@@ -278,63 +278,97 @@ func xferStranded(j *progress.Job) {
 		return
 	}
 	if x.r.stranded == nil {
-		x.r.stranded = map[*Xfer]int64{}
+		x.r.stranded = map[*Xfer]*strandWatch{}
 	}
-	x.r.stranded[x] = time.Now().UnixNano()
+	x.r.stranded[x] = &strandWatch{}
 }
 
-// unstrand stops watching x: its job is idle. On the loop.
+// strandWatch is what checkStranded saw of a stranded Xfer: since when
+// its peer's endpoint or buffer looked gone (zero: not yet).
+type strandWatch struct {
+	suspect time.Time
+}
+
+// unstrand stops watching x: its job is idle. Under the drive lock.
 func (r *Route) unstrand(x *Xfer) {
 	if r.stranded != nil {
 		delete(r.stranded, x)
 	}
 }
 
-// strandGrace is how long the ops of a job that failed on a buffer its
-// owner closed may stay in flight before they count as dropped: ops the
-// owner took before its close complete within it.
+// strandGrace is how long the ops of a stranded job may stay in flight
+// after their peer's endpoint or buffer is first seen gone before they
+// count as never answered: ops the owner took before its close complete
+// within it, and a live endpoint's file removed by someone else (shm's
+// own cleanup, systemd's RemoveIPC) does not keep its ops waiting.
 const strandGrace = 200 * time.Millisecond
 
 // checkStranded abandons the stranded ops that shm will never answer; at
-// most every CheckEvery. On the loop (a running job's Check).
+// most every CheckEvery. Under the drive lock (a running job's Check).
 func (r *Route) checkStranded() {
 	if len(r.stranded) == 0 {
 		return
 	}
-	now := time.Now().UnixNano()
-	if now-r.strandChecked < int64(progress.CheckEvery) {
+	now := time.Now()
+	if now.Sub(r.strandChecked) < progress.CheckEvery {
 		return
 	}
 	r.strandChecked = now
-	gone := map[*Peer]bool{} // each peer looked at once a check: many jobs may wait on one
-	for x, since := range r.stranded {
+	seen := map[*Peer]strandSight{} // each peer looked at once a check: many jobs may wait on one
+	for x, w := range r.stranded {
 		if x.job.InFlight() == 0 {
 			continue // its completions are in; OnIdle unstrands it
 		}
-		g, seen := gone[x.peer]
-		if !seen {
-			g = x.peerGone()
-			gone[x.peer] = g
+		sight, ok := seen[x.peer]
+		if !ok {
+			sight = x.lookAtPeer()
+			seen[x.peer] = sight
 		}
-		dropped := fabric.RuntimeVersion().Major() >= 2 && x.genWord != nil &&
-			atomic.LoadUint64(x.genWord) != x.gen && now-since >= int64(strandGrace)
-		if !g && !dropped {
-			continue
+		dead := sight == peerDead
+		if !dead {
+			moved := fabric.RuntimeVersion().Major() >= 2 && x.genWord != nil && atomic.LoadUint64(x.genWord) != x.gen
+			if sight != peerClosed && !moved {
+				w.suspect = time.Time{}
+				continue
+			}
+			if w.suspect.IsZero() {
+				w.suspect = now
+			}
+			if now.Sub(w.suspect) < strandGrace {
+				continue
+			}
 		}
 		delete(r.stranded, x)
 		x.dead = true
 		r.abandonDead(x.job.PeerName)
-		x.markStuck(x.job)
+		if dead {
+			// A process that exited copies nothing more. An endpoint that
+			// looks closed, or a buffer closed under a transfer that shm
+			// moves in rounds, may still: its local buffer keeps waiting.
+			x.markStuck(x.job)
+		}
 	}
 }
 
-// peerGone reports whether x's peer can answer nothing any more: its
-// process exited, or its endpoint closed (its region file is gone).
-func (x *Xfer) peerGone() bool {
+// strandSight is what checkStranded sees of a peer.
+type strandSight int
+
+const (
+	peerThere  strandSight = iota
+	peerClosed             // its region file is gone: its endpoint closed
+	peerDead               // its process exited
+)
+
+// lookAtPeer says whether x's peer's process exited, or its endpoint's
+// region file is gone.
+func (x *Xfer) lookAtPeer() strandSight {
 	if gone, _ := proc.Gone(x.pid); gone {
-		return true
+		return peerDead
 	}
-	return x.peer != nil && !shmRegionExists(x.peer.raw)
+	if x.peer != nil && !shmRegionExists(x.peer.raw) {
+		return peerClosed
+	}
+	return peerThere
 }
 
 // markStuck records, once, that x ends with ops in flight that may never
