@@ -2,7 +2,11 @@ package transport_test
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,4 +56,27 @@ func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// printHandle prints the handle of b, in hex, on a line of conn: a
+// child's side of readHandle.
+func printHandle(conn io.Writer, b *transport.Buffer) error {
+	h, err := b.Remote().MarshalBinary()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(conn, hex.EncodeToString(h))
+	return err
+}
+
+// readHandle reads the next line of p as a handle (printHandle).
+func readHandle(t testing.TB, p *testpeer.Process) transport.RemoteBuffer {
+	t.Helper()
+	line, err := p.ReadLine()
+	require.NoError(t, err)
+	h, err := hex.DecodeString(strings.TrimSpace(line))
+	require.NoError(t, err)
+	var r transport.RemoteBuffer
+	require.NoError(t, r.UnmarshalBinary(h))
+	return r
 }

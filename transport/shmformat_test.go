@@ -2,8 +2,6 @@ package transport_test
 
 import (
 	"context"
-	"encoding/hex"
-	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -51,11 +49,9 @@ func init() {
 		for i := range b.Bytes() {
 			b.Bytes()[i] = 0x5a
 		}
-		h, err := b.Remote().MarshalBinary()
-		if err != nil {
+		if err := printHandle(conn, b); err != nil {
 			return err
 		}
-		fmt.Fprintln(conn, hex.EncodeToString(h))
 		_, err = io.Copy(io.Discard, conn)
 		return err
 	})
@@ -72,12 +68,7 @@ func TestShmOfAnotherFormat(t *testing.T) {
 	p, err := testpeer.StartFunc("shm owner of another format")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, p.Close(), "the owner's child") }()
-	line, err := p.ReadLine()
-	require.NoError(t, err)
-	h, err := hex.DecodeString(line)
-	require.NoError(t, err)
-	var r transport.RemoteBuffer
-	require.NoError(t, r.UnmarshalBinary(h))
+	r := readHandle(t, p)
 
 	ctx := ctxTimeout(t, 30*time.Second)
 	shmOnly := newManager(t, transport.WithProviders(testenv.RouteSHM))

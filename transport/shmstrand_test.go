@@ -3,11 +3,9 @@ package transport_test
 import (
 	"bufio"
 	"context"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,12 +37,7 @@ func init() {
 			for i := range b.Bytes() {
 				b.Bytes()[i] = 0x5a
 			}
-			h, err := b.Remote().MarshalBinary()
-			if err != nil {
-				return nil, nil, err
-			}
-			fmt.Fprintln(conn, hex.EncodeToString(h))
-			return m, b, nil
+			return m, b, printHandle(conn, b)
 		}
 		m, b, err := open(64 << 20)
 		if err != nil {
@@ -86,16 +79,7 @@ func TestShmOwnerClosesUnderAWrite(t *testing.T) {
 	p, err := testpeer.StartFunc("shm owner that reopens")
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, p.Close(), "the owner's child") }()
-	parse := func() transport.RemoteBuffer {
-		line, err := p.ReadLine()
-		require.NoError(t, err)
-		h, err := hex.DecodeString(strings.TrimSpace(line))
-		require.NoError(t, err)
-		var r transport.RemoteBuffer
-		require.NoError(t, r.UnmarshalBinary(h))
-		return r
-	}
-	old := parse()
+	old := readHandle(t, p)
 
 	m := newManager(t, transport.WithProviders(testenv.RouteSHM))
 	stop := make(chan struct{})
@@ -123,7 +107,7 @@ func TestShmOwnerClosesUnderAWrite(t *testing.T) {
 		<-wrote
 	}
 	require.NoError(t, p.WriteLine("close"))
-	fresh := parse()
+	fresh := readHandle(t, p)
 	close(stop)
 	writers.Wait()
 
