@@ -215,6 +215,8 @@ func TestServeListenHostWithoutTCP(t *testing.T) {
 	srvErr := &syncLog{}
 	cmd.Stderr = logWriter{srvErr}
 	addr, out := runServer(t, cmd)
+	// The line that gave addr reaches out just after.
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "listening on ") }, 5*time.Second, time.Millisecond)
 	assert.Contains(t, out.String(), "-byte buffers over [mem cma shm]")
 	assert.Empty(t, srvErr.String())
 	for _, p := range []string{"shm", "cma", "mem"} {
