@@ -100,8 +100,8 @@ func SingleCopy() bool { return shmSingleCopyAllowed() }
 // op and fails it while the file is missing. A name with anything but
 // digits and colons after its prefix is refused.
 func shmRegionExists(name []byte) bool {
-	s, ok := strings.CutPrefix(shmText(name), shmPrefix)
-	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
+	s, ok := shmRegionName(name)
+	if !ok {
 		return false
 	}
 	fi, err := os.Lstat("/dev/shm/" + s)
@@ -139,11 +139,20 @@ func (r *Route) ShmMismatch(peer []byte) (why string, known bool) {
 		own, shmText(peer), theirs), true
 }
 
+// shmRegionName is the name under /dev/shm of the region of the shm
+// endpoint name ("fi_shm://PID:UID:INDEX": "PID:UID:INDEX"; shm's
+// smr_no_prefix); false for a name with anything but digits and colons
+// after its prefix.
+func shmRegionName(name []byte) (string, bool) {
+	s, ok := strings.CutPrefix(shmText(name), shmPrefix)
+	return s, ok && s != "" && strings.Trim(s, "0123456789:") == ""
+}
+
 // shmRegionFormat reads the version byte that starts the region of the
 // shm endpoint name: a regular file of this user.
 func shmRegionFormat(name []byte) (byte, bool) {
-	s, ok := strings.CutPrefix(shmText(name), shmPrefix)
-	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
+	s, ok := shmRegionName(name)
+	if !ok {
 		return 0, false
 	}
 	f, err := os.OpenFile("/dev/shm/"+s, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)

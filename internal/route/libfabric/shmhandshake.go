@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -86,8 +85,8 @@ func (r *Route) region() *ownRegion {
 		return o
 	}
 	o.tried = true
-	s, ok := strings.CutPrefix(shmText(r.name), shmPrefix)
-	if !ok || s == "" || strings.Trim(s, "0123456789:") != "" {
+	s, ok := shmRegionName(r.name)
+	if !ok {
 		return nil
 	}
 	f, err := os.OpenFile("/dev/shm/"+s, os.O_RDWR|unix.O_NOFOLLOW, 0)
