@@ -58,10 +58,12 @@ func Alloc(n int) ([]byte, error) {
 // processes it hands the file to may only read: after this process maps
 // it, it is sealed against every other write (F_SEAL_FUTURE_WRITE), so
 // that a process that reopens the file read-write through /proc still
-// cannot write it. It fails where Shares does not allow memfds.
+// cannot write it. It is backed by a memfd whatever Shares says: it is
+// for what fitransfer publishes to its peers (generations), never for
+// the caller's data. It fails where memfd_create does.
 func AllocPublished(n int) ([]byte, error) {
-	if ok, why := Shares(); !ok {
-		return nil, fmt.Errorf("mr.AllocPublished: %s", why)
+	if n <= 0 {
+		return nil, fmt.Errorf("mr.AllocPublished(%d): size must be positive", n)
 	}
 	b, fd, err := allocFile(n, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 	if err != nil {
@@ -71,6 +73,25 @@ func AllocPublished(n int) ([]byte, error) {
 		_ = unix.Munmap(b)
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("mr.AllocPublished(%d): sealing: %w", n, err)
+	}
+	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
+	return b[:n], nil
+}
+
+// AllocControl is Alloc backed by a memfd whatever Shares says, for a page
+// that fitransfer hands to one verified peer to coordinate with it (the
+// marks of its ops in flight), never for the caller's data: Shares keeps
+// memfds from user memory because any process of the user may open one
+// through /proc, and a control page gives such a process nothing that the
+// same-node route's own shared files (libfabric's shm regions, also the
+// user's) do not. It fails where memfd_create does.
+func AllocControl(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("mr.AllocControl(%d): size must be positive", n)
+	}
+	b, fd, err := allocShared(n)
+	if err != nil {
+		return nil, fmt.Errorf("mr.AllocControl(%d): %w", n, err)
 	}
 	add(region{base: Addr(b), end: Addr(b) + uintptr(n), mapped: b, fd: fd})
 	return b[:n], nil

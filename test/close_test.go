@@ -125,6 +125,16 @@ func TestCloseStopsPeers(t *testing.T) {
 	for _, rt := range routes {
 		t.Run(rt, func(t *testing.T) { closeStopsPeers(t, rt) })
 	}
+	// An owner that shares no memory (FITRANSFER_MEM=0, or yama above 0)
+	// still hands out the link its Close counts the copies through:
+	// without it they ran unmarked, and a data path review saw late
+	// pieces land in a new buffer at the same address.
+	for _, rt := range routes[1:] {
+		t.Run(rt+", the owner's memory not shared", func(t *testing.T) {
+			t.Setenv(mr.ShareEnv, "0") // the owner's: this process read its own already
+			closeStopsPeers(t, rt)
+		})
+	}
 }
 
 func closeStopsPeers(t *testing.T, rt string) {

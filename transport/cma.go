@@ -136,28 +136,29 @@ func (m *Manager) singleCopyTo(peer *sameNodePeer) bool {
 // l, the mem link to the owner that x holds, so that the owner's Close
 // waits for it before it closes the registration. On libfabric 1.x's
 // single-copy path this process copies inside fi_read and fi_write, and
-// the owner's provider checks no key. On 2.x the owner's provider
+// the owner's provider checks no key. Otherwise the owner's provider
 // copies, but a chunk it moves through its bounce buffers in several
-// rounds (SAR: no CMA between the two) goes on being copied after the
-// registration closed (smr_progress_sar_list, v2.1.0). Marked first, then
+// rounds (SAR: every read and every delivery-complete write where CMA
+// does not serve the two) goes on being copied after the registration
+// closed (smr_progress_sar_list, v1.17.0 and v2.1.0). Marked first, then
 // the generation looked at, as a cma op (cma.Mark): a part of a buffer
-// closed since the check posts nothing. x keeps the mark until the loop
-// is done with its job (libfabric.Xfer.HoldUse): for an
+// closed since the check posts nothing, nor does one whose link ended
+// (the owner may no longer count its page). x keeps the mark until the
+// loop is done with its job (libfabric.Xfer.HoldUse): for an
 // Action.InjectComplete write of at most libfabric.ShmInlineMax bytes on
 // 2.0 to 2.6 (libfabric.ShmOwnerCopies), once posted; the owner's
 // provider copies such a write in the call that looks up its key, so a
-// Close that closed the registration first stops it there. Without a
-// link the part runs unmarked.
+// Close that closed the registration first stops it there.
 func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	slot := o.ep.guard.slot
 	k := cma.Mark{Use: &l.uses[slot], Ended: &l.done} // checksLink bounded the slot
-	marked, err := k.Begin(l.genWord(slot), o.ep.guard.gen)
-	if err != nil {
+	switch err := k.Begin(l.genWord(slot), o.ep.guard.gen); {
+	case errors.Is(err, cma.ErrUnmarked):
+		return m.linkEndedErr(o.op, o.b.Name(), o.peer, l)
+	case err != nil:
 		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
 	}
-	if marked {
-		x.HoldUse(l, slot)
-	}
+	x.HoldUse(l, slot)
 	return nil
 }
 
@@ -185,9 +186,9 @@ var cmaRequests = sync.Pool{New: func() any { return new(cmaRequest) }}
 // use page while it copies (cma.Mark), as a mem op is (memCopy): marked
 // first, then the generation looked at, so that either the op sees the
 // buffer closed, or the owner's Close sees the mark and waits for the
-// copy to end. Without a link, a Close stops the copy only between
-// pieces.
-func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
+// copy to end. route gave it a link; one that ended since fails it
+// (nothing moved), as a mem op's does.
+func (m *Manager) runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 	if !slices.ContainsFunc(ops, func(o opSpec) bool { return o.kind == route.CMA }) {
 		return errs, 0 // no pooled request to take and give back
 	}
@@ -198,6 +199,7 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 		rq.ops, rq.errs, rq.at = rq.ops[:0], rq.errs[:0], rq.at[:0]
 		cmaRequests.Put(rq)
 	}()
+	unlinked := 0
 	for i := range ops {
 		o := &ops[i]
 		if o.kind != route.CMA {
@@ -213,15 +215,26 @@ func runCMA(lim route.Limit, ops []opSpec, errs []error) ([]error, int) {
 		if l := o.link; l != nil { // checksLink bounded the slot
 			c.GenWord = l.genWord(slot)
 			c.Mark = cma.Mark{Use: &l.uses[slot], Ended: &l.done}
+		} else {
+			// The link route required ended since: the owner's Close
+			// would not wait for this copy.
+			err := m.linkEndedErr(o.op, cma.Name, o.peer, nil)
+			o.failed(err)
+			errs = append(errs, err)
+			unlinked++
+			continue
 		}
 		rq.ops = append(rq.ops, c)
 		rq.errs = append(rq.errs, nil)
 		rq.at = append(rq.at, i)
 	}
-	failed := cma.Run(lim, rq.ops, rq.errs)
+	failed := cma.Run(lim, rq.ops, rq.errs) + unlinked
 	for k, err := range rq.errs {
-		if errors.Is(err, cma.ErrClosed) {
-			err = fmt.Errorf("%w: buffer %d was closed by its owner: %w", ErrStaleHandle, ops[rq.at[k]].remote.id, err)
+		switch o := &ops[rq.at[k]]; {
+		case errors.Is(err, cma.ErrClosed):
+			err = fmt.Errorf("%w: buffer %d was closed by its owner: %w", ErrStaleHandle, o.remote.id, err)
+		case errors.Is(err, cma.ErrUnmarked):
+			err = m.linkEndedErr(o.op, cma.Name, o.peer, o.link)
 		}
 		if err != nil {
 			errs = append(errs, err)

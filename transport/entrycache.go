@@ -81,7 +81,7 @@ func (l *memLink) keep(slot uint32, entry *[guardEntrySize]byte, before uint64) 
 // handle check, when one is up (linkForChecks), held (the caller drops
 // it), or nil.
 func (m *Manager) checksLink(o *opSpec) *memLink {
-	if !m.linkOn || o.peer == nil {
+	if o.peer == nil {
 		return nil
 	}
 	link := o.peer.linkForChecks()
@@ -120,12 +120,11 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 // linkForChecks is the mem link to p for the handle checks' cache (cma,
 // shm) and the copies' marks (runCMA, markShmPart), when one is up,
 // without waiting for one: when there is none it starts one in the
-// background (one at a time; after memRedial when the last failed), and
-// ops read their entries meanwhile. An op must not wait for a dial (up
-// to verifyTimeout toward an owner that does not answer, a stopped one
-// say): it never needed the owner to answer on that socket before. A link
-// that is up is found without memMu, which another op may hold a moment:
-// an op that missed it would copy unmarked.
+// background (one at a time; after memRedial when the last failed).
+// route has waited for a link before it gave an op a same-node route
+// (memLink), so an op finds none only when it ended since: the op then
+// fails, nothing moved (linkEndedErr). A link that is up is found without
+// memMu.
 func (p *sameNodePeer) linkForChecks() *memLink {
 	if l := p.up.Load(); l != nil && !l.done.Load() {
 		return l
@@ -143,29 +142,4 @@ func (p *sameNodePeer) linkForChecks() *memLink {
 		return nil
 	}
 	return l
-}
-
-// firstLink waits, within t's limits, for the first mem link dial toward
-// p to end, when none has ended yet. The first ops toward an owner, which
-// its verification has just shown answering, are then marked (runCMA,
-// markShmPart) and watched (Xfer.WatchGen) like the later ones,
-// instead of running before the use page is mapped. A dial that fails
-// leaves them as before; later dials are never waited for
-// (linkForChecks). Past the limits it returns an *awaitError naming
-// provider.
-func (p *sameNodePeer) firstLink(t *reqTimes, provider string) error {
-	p.memMu.Lock()
-	if p.memDone || !p.linkAt.IsZero() {
-		p.memMu.Unlock()
-		return nil
-	}
-	if !p.dialing {
-		p.startDial()
-	}
-	dialed := p.dialed
-	p.memMu.Unlock()
-	if err := t.waitFor(dialed); err != nil {
-		return &awaitError{what: "the owner's answer on the mem link", provider: provider, pid: p.pid, cause: err}
-	}
-	return nil
 }

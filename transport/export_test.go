@@ -277,3 +277,11 @@ func ShmHandshakesCleared(m *Manager) int64 {
 	}
 	return n
 }
+
+// SetMaxMemPeers makes managers hand out at most n use pages (mem links)
+// until restore: with 0, every peer's link is refused.
+func SetMaxMemPeers(n int) (restore func()) {
+	old := maxMemPeers
+	maxMemPeers = n
+	return func() { maxMemPeers = old }
+}

@@ -38,11 +38,7 @@ type Manager struct {
 	verifier *verifier // answers peers verifying this manager; nil without same-node backends
 	verified peers     // owners this manager verified (or failed to)
 	memOn    bool      // the mem route: buffers shared with, and mapped from, verified peers
-	// linkOn: this process may map verified peers' generations pages
-	// (mem.Enabled), for the mem route and for the cma route's checks
-	// (entryCache), and share its own, whichever routes carry data.
-	linkOn   bool
-	memPeers memPeers // the peers that map this manager's buffers
+	memPeers memPeers  // the peers that map this manager's buffers
 
 	railsOnce sync.Once
 	// railsActive counts requests over the rails; railsWake wakes
@@ -168,7 +164,6 @@ func New(ctx context.Context, opts ...Option) (*Manager, error) {
 	var picks []pick
 	useCMA, cmaWhy := cma.Available()
 	m.memOn, _ = mem.Enabled()
-	m.linkOn = m.memOn
 	if len(cfg.providers) > 0 {
 		useCMA, m.memOn = false, false
 		for _, p := range cfg.providers {
@@ -582,28 +577,16 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 }
 
 // closeNote says what the owner's Close does to this manager's ops under
-// way toward peer on a cma or shm route: whether it waits for them
-// (runCMA, markShmPart: the copies this process makes, or the shm parts
-// the owner's provider copies), and on 2.x shm that an op on a closed
-// buffer ends at its job's next check (Xfer.WatchGen).
+// way toward peer on a cma or shm route: it waits for them (runCMA,
+// markShmPart: the copies this process makes, or the shm parts the
+// owner's provider copies; route took the link they mark through), and
+// an shm op on a closed buffer ends at its job's next check
+// (Xfer.WatchGen).
 func (m *Manager) closeNote(kind route.Kind, peer *sameNodePeer) string {
-	copies := kind == route.CMA || m.singleCopyTo(peer)
-	linked := m.linkOn && peer.linkForChecks() != nil
-	none := "(no use page mapped, or not yet)"
-	if !m.linkOn {
-		none = "(the mem route is off here: no use page)"
-	}
-	switch {
-	case linked && copies:
+	if kind == route.CMA || m.singleCopyTo(peer) {
 		return "; its Close waits for these copies (use page mapped)"
-	case linked:
-		return fmt.Sprintf("; its Close waits for these ops, and an op on a buffer it closed ends at its next check, every %v (use page mapped)", progress.CheckEvery)
-	case kind == route.CMA:
-		return "; its Close stops these copies only between 4 MiB pieces " + none
-	case copies:
-		return "; its Close does not stop a copy under way " + none
 	}
-	return ""
+	return fmt.Sprintf("; its Close waits for these ops, and an op on a buffer it closed ends at its next check, every %v (use page mapped)", progress.CheckEvery)
 }
 
 // matchesPeer checks a same-node endpoint of a handle against its owner
@@ -645,8 +628,8 @@ type routed struct {
 	refused string
 	// gone is set when that is because the owner is gone.
 	gone *progress.PeerGoneError
-	// noShm says why shm was not taken toward a verified owner that
-	// offers it (sameNodePeer.shmMismatch).
+	// noShm says why no same-node route was taken toward a verified
+	// owner that offers one (sameNodePeer.shmMismatch, a failed link).
 	noShm string
 }
 
@@ -701,25 +684,41 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			// op a verification).
 			peer, err = m.reverify(t, r.owner, peer)
 		}
-		var memErr error
+		// Every same-node route needs the link to the owner: the mem
+		// route maps through it, and the owner's Close waits for the
+		// cma copies and shm ops of this manager's marked in its use
+		// page (runCMA, markShmPart). Without the marks an shm op goes on
+		// after that Close: libfabric's shm moves a read, and a write
+		// that asks for delivery, through bounce buffers over several
+		// rounds of the owner's progress (SAR), and those rounds copy to
+		// and from the buffer's memory after its registration closed
+		// (smr_progress_sar_list, v1.17.0 and v2.1.0): an owner that
+		// freed the memory crashed in them.
+		var linkErr error
 		var link *memLink
 		if err == nil && memEP != nil {
-			if memErr = matchesPeer(r, memEP, peer); memErr != nil {
-				return rt, memErr
+			if err := matchesPeer(r, memEP, peer); err != nil {
+				return rt, err
 			}
-			link, memErr = peer.memLink(t)
+		}
+		if err == nil && (memEP != nil || m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table) ||
+			shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) == "") {
+			link, linkErr = peer.memLink(t)
 			if peer.replaced.Load() {
 				// This manager verified the owner again since it took
 				// peer (reverify, evict), and ends peer's link: the new
 				// verification's.
 				if peer, err = m.sameNodePeer(t, r.owner); err == nil {
-					if memErr = matchesPeer(r, memEP, peer); memErr != nil {
-						return rt, memErr
+					if memEP != nil {
+						if err := matchesPeer(r, memEP, peer); err != nil {
+							return rt, err
+						}
 					}
-					link, memErr = peer.memLink(t)
+					link, linkErr = peer.memLink(t)
 				}
 			}
-			if ae, ok := memErr.(*awaitError); ok {
+			if ae, ok := linkErr.(*awaitError); ok {
+				ae.provider = m.sameNodeRoute(peer, memEP, cmaEP)
 				return rt, ae // the limits ended: no other route is tried for them
 			}
 		}
@@ -781,24 +780,24 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		}
 		switch {
 		case err != nil:
-		case memEP != nil && memErr == nil:
+		case linkErr != nil:
+			if rt.gone = peerGoneOf(linkErr); rt.gone != nil {
+				rt.gone.Provider = m.sameNodeRoute(peer, memEP, cmaEP)
+			} else {
+				rt.noShm = fmt.Sprintf("no same-node route to process %d: the link its Close waits for this manager's ops through failed (%v)", peer.pid, linkErr)
+			}
+		case memEP != nil:
 			rt.kind, rt.ep, rt.peer, rt.link = route.Mem, memEP, peer, link
 			rt.settled = shmEP == nil || peer.shmName == nil || string(shmEP.name) == string(peer.shmName)
 			return rt, nil
 		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
 			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer
-			if err := matchesPeer(r, cmaEP, peer); err != nil || !m.linkOn {
-				return rt, err
-			}
-			return rt, peer.firstLink(t, cma.Name)
+			return rt, matchesPeer(r, cmaEP, peer)
 		case shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) != "":
 			rt.noShm = peer.shmMismatch(bs.sameNode) // another route, if both have one
 		case shmEP != nil && peer.shmName != nil:
 			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.shmOutgoing(), shmEP, peer
-			if err := matchesPeer(r, shmEP, peer); err != nil || !m.linkOn {
-				return rt, err
-			}
-			return rt, peer.firstLink(t, bs.sameNode.Name())
+			return rt, matchesPeer(r, shmEP, peer)
 		}
 	}
 	if bs.remote != nil {
@@ -854,6 +853,20 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		return rt, fmt.Errorf("%w: the handle names no endpoint of its owner: RemoteBuffer.Via keeps only the endpoints of the route it is given; give it the Route that Manager.Route returned for this handle", ErrNoRoute)
 	}
 	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
+}
+
+// sameNodeRoute names the same-node route route() takes toward peer,
+// given the handle's mem and cma endpoints (nil when it has none or this
+// manager may not use them): for errors on the way there.
+func (m *Manager) sameNodeRoute(peer *sameNodePeer, memEP, cmaEP *remoteEP) string {
+	switch sn := m.backends().sameNode; {
+	case memEP != nil:
+		return mem.Name
+	case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table), sn == nil:
+		return cma.Name
+	default:
+		return sn.Name()
+	}
 }
 
 // peerGoneOf is the *progress.PeerGoneError in err's tree, or nil.

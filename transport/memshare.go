@@ -46,12 +46,14 @@ const (
 	// maxMemMaps bounds the buffers an initiator keeps mapped per owner;
 	// mappings of closed buffers go first.
 	maxMemMaps = 1024
-	// maxMemPeers bounds the use pages an owner hands out at once.
-	maxMemPeers = 1024
 	// memRedial is how long a failed mem link stands before the next op
 	// toward the owner dials again (meanwhile: its other routes).
 	memRedial = time.Second
 )
+
+// maxMemPeers bounds the use pages an owner hands out at once (a
+// variable for tests).
+var maxMemPeers = 1024
 
 // The statuses of a memReply.
 const (
@@ -216,7 +218,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 			outs = m.doneOut(reached, outs, req[1:], pid) // no answer
 		case n == 1 && req[0] == announceClean && attended:
 			clean = true // no answer: the peer is closing
-		case string(req) == memCtlReq && peer == nil && m.linkOn:
+		case string(req) == memCtlReq && peer == nil:
 			peer, err = m.newMemPeer(c, pid)
 		case !m.memOn:
 			err = memAnswer(c, memRefused, "this manager does not share memory (the mem route is off)", 0, nil)
@@ -240,7 +242,7 @@ func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
 	if m.memPeers.full() {
 		return nil, memAnswer(c, memRefused, fmt.Sprintf("%d peers map this manager's memory already", maxMemPeers), 0, nil)
 	}
-	page, err := mr.Alloc(useSlots * 4)
+	page, err := mr.AllocControl(useSlots * 4)
 	if err != nil {
 		return nil, memAnswer(c, memRefused, "no use page: "+err.Error(), 0, nil)
 	}
@@ -473,6 +475,9 @@ func (mm *memMap) unref() {
 // takes up to a few verifyTimeouts. Past the limits it returns an
 // *awaitError; the dial goes on, for the next request.
 func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
+	if l := p.up.Load(); l != nil && !l.done.Load() {
+		return l, nil // without memMu: every same-node op comes here
+	}
 	for {
 		p.memMu.Lock()
 		switch {
@@ -549,7 +554,7 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 	c := nc.(*net.UnixConn)
 	fail := func(format string, a ...any) (*memLink, error) {
 		_ = c.Close()
-		return nil, fmt.Errorf("mem route to process %d: "+format, append([]any{p.pid}, a...)...)
+		return nil, fmt.Errorf("link to process %d: "+format, append([]any{p.pid}, a...)...)
 	}
 	cred, err := peerCred(c)
 	if err != nil || int(cred.Pid) != p.pid || cred.Uid != uint32(os.Geteuid()) {
@@ -1142,6 +1147,30 @@ func (m *Manager) memGone(op progress.Op, peer *sameNodePeer) error {
 	return e
 }
 
+// linkEndedErr is the error of an op over route (mem, cma, shm) that
+// found its link l to peer ended before it was marked: nothing moved.
+func (m *Manager) linkEndedErr(op progress.Op, route string, peer *sameNodePeer, l *memLink) error {
+	gone := peer.gone.Load()
+	switch {
+	case gone:
+	case l != nil:
+		gone = !l.alive()
+	default:
+		gone, _ = proc.Gone(peer.pid)
+	}
+	switch {
+	case m.down.Load():
+		return fmt.Errorf("%s over %s: %w", op, route, ErrClosed)
+	case gone:
+		e := peerGone(peer.pid)
+		e.Op, e.Provider = op, route
+		return e
+	}
+	// Another op's request on the link failed, or this manager verified
+	// the owner again: the owner lives, and the next op dials again.
+	return fmt.Errorf("%s over %s: %w", op, route, &memLinkEnded{pid: peer.pid})
+}
+
 // memLinkEnded is a mem op that found its link ended between its checks
 // and its mark while the owner lived — by another op's failed request,
 // or because this manager verified the owner again (reverify, evict):
@@ -1163,16 +1192,7 @@ func (m *Manager) memCopy(lim route.Limit, op progress.Op, local, remote []byte,
 		// longer counts this page: its Close would not wait for the copy.
 		// A link is done before its connection closes, so a mark made
 		// while it was not is seen.
-		switch {
-		case m.down.Load():
-			return fmt.Errorf("%s over %s: %w", op, mem.Name, ErrClosed)
-		case peer.gone.Load() || !l.alive():
-			return m.memGone(op, peer)
-		}
-		// Another op's request on the link failed, or this manager
-		// verified the owner again: the owner lives, and the next op
-		// dials again.
-		return fmt.Errorf("%s over %s: %w", op, mem.Name, &memLinkEnded{pid: peer.pid})
+		return m.linkEndedErr(op, mem.Name, peer, l)
 	}
 	owner := mem.Owner{PID: peer.pid, Gen: l.genWord(g.slot), Want: g.gen, Gone: &peer.gone}
 	err := owner.Open()

@@ -485,7 +485,7 @@ func (m *Manager) runCopies(lim route.Limit, ops []opSpec, errs []error) ([]erro
 		}
 	}
 	var cmaFailed, memFailed int
-	errs, cmaFailed = runCMA(lim, ops, errs)
+	errs, cmaFailed = m.runCMA(lim, ops, errs)
 	errs, memFailed = m.runMem(lim, ops, errs)
 	return errs, failed + cmaFailed + memFailed
 }
@@ -829,12 +829,16 @@ func (m *Manager) fill(ctx context.Context, x *libfabric.Xfer, o *opSpec, start,
 	}
 	o.sent = end
 	if b.Provider == fabric.BackendSHM && o.peer != nil {
-		if l := m.checksLink(o); l != nil {
-			// The job ends when its buffer does; x drops the hold on l at
-			// its last release.
-			x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
-			return m.markShmPart(x, o, l)
+		l := m.checksLink(o)
+		if l == nil {
+			// The link route required ended since: the owner's Close
+			// would not wait for this part (markShmPart).
+			return m.linkEndedErr(o.op, b.Name(), o.peer, nil)
 		}
+		// The job ends when its buffer does; x drops the hold on l at its
+		// last release.
+		x.WatchGen(l.genWord(o.ep.guard.slot), o.ep.guard.gen, l)
+		return m.markShmPart(x, o, l)
 	}
 	return nil
 }

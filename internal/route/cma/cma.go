@@ -253,33 +253,32 @@ type Op struct {
 // Mark is where an op marks itself while it copies, so that the owner's
 // Close waits for it: the counter of the buffer's slot in this process's
 // use page at the owner (a mem link's), and whether that link ended (the
-// owner may no longer count the page: the op then copies unmarked). An op
-// with a Mark has a GenWord. The op marks, then loads the generation;
-// the owner's Close changes the generation, then reads the marks: one of
-// them sees the other.
+// owner may no longer count the page). An op with a Mark has a GenWord.
+// The op marks, then loads the generation; the owner's Close changes the
+// generation, then reads the marks: one of them sees the other.
 type Mark struct {
 	Use   *uint32
 	Ended *atomic.Bool
 }
 
+// ErrUnmarked is an op whose mark's link had ended: the owner might not
+// wait for it, so it does not run (nothing moved).
+var ErrUnmarked = errors.New("the link the owner counts this process's ops through ended before the op was marked")
+
 // Begin marks a use, then loads the generation at word: ErrClosed when
-// it is no longer gen (the mark then ended). It reports whether the use
-// stays marked: not when the link ended, and the op then goes unmarked.
-// End ends a use that stayed marked.
-func (k Mark) Begin(word *uint64, gen uint64) (marked bool, err error) {
+// it is no longer gen, ErrUnmarked when the link ended (the mark then
+// ended too). End ends a use Begin marked.
+func (k Mark) Begin(word *uint64, gen uint64) error {
 	atomic.AddUint32(k.Use, 1)
-	marked = true
 	if k.Ended.Load() {
 		k.End()
-		marked = false
+		return ErrUnmarked
 	}
 	if atomic.LoadUint64(word) != gen {
-		if marked {
-			k.End()
-		}
-		return false, ErrClosed
+		k.End()
+		return ErrClosed
 	}
-	return marked, nil
+	return nil
 }
 
 // End ends a use Begin left marked.
@@ -291,10 +290,10 @@ func begin(o *Op) error {
 	if o.Mark.Use == nil {
 		return nil
 	}
-	var err error
-	if o.marked, err = o.Mark.Begin(o.GenWord, o.Gen); err != nil {
+	if err := o.Mark.Begin(o.GenWord, o.Gen); err != nil {
 		return fmt.Errorf("%s over cma before the copy of %d bytes: %w", o.Dir, len(o.Local), err)
 	}
+	o.marked = true
 	return nil
 }
 
