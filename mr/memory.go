@@ -82,9 +82,12 @@ func AllocPublished(n int) ([]byte, error) {
 // that fitransfer hands to one verified peer to coordinate with it (the
 // marks of its ops in flight), never for the caller's data: Shares keeps
 // memfds from user memory because any process of the user may open one
-// through /proc, and a control page gives such a process nothing that the
-// same-node route's own shared files (libfabric's shm regions, also the
-// user's) do not. It fails where memfd_create does.
+// through /proc. Such a process can change the marks of a control page,
+// and so make the owner wait for, or stop waiting for, a peer's ops; but
+// where Shares says no because of yama the only same-node route left is
+// libfabric's shm, whose regions in /dev/shm any process of the user can
+// write already, and with FITRANSFER_MEM=0 alone it may ptrace the owner.
+// It fails where memfd_create does.
 func AllocControl(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("mr.AllocControl(%d): size must be positive", n)

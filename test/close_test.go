@@ -155,8 +155,8 @@ func closeStopsPeers(t *testing.T, rt string) {
 	}
 	next := 0 // the owner's buffer index
 	if rt != testenv.RouteMem {
-		// Until this manager's use page at the owner is mapped, a Close
-		// stops its copies only between pieces (cma) or not at all (shm).
+		// The route to the owner waits for this manager's use page there,
+		// through which the owner's Close waits for the copies.
 		h := owner.Register(4096, mr.ReadWrite, 1)
 		var reason string
 		require.Eventually(t, func() bool {

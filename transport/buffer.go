@@ -473,9 +473,9 @@ func (st *bufState) Unref() {
 }
 
 // revokeGuard invalidates the buffer's guard entry, then waits, until
-// deadline, for the ops that peers with a use page (mem, and cma where
-// the peer's mem link is up) began before: it returns the processes still
-// in one then (their slot stays taken).
+// deadline, for the ops that peers marked in their use pages (mem, cma,
+// shm: no same-node route is taken without one) began before: it returns
+// the processes still in one then (their slot stays taken).
 func (st *bufState) revokeGuard(deadline time.Time) []int {
 	if !st.hasGrd {
 		return nil

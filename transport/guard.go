@@ -78,8 +78,14 @@ func newGuardTable() (*guardTable, error) {
 	published := true
 	gens, err := mr.AllocPublished(lifeOffset + lifeline.Size)
 	if err != nil {
+		// A kernel without F_SEAL_FUTURE_WRITE (before 5.1): still a
+		// file for the links, which every same-node route needs; peers
+		// get it read-only.
+		gens, err = mr.AllocControl(lifeOffset + lifeline.Size)
+	}
+	if err != nil {
 		published = false
-		gens, err = mr.Alloc(guardSlots * 8) // no mem route here: nobody maps it
+		gens, err = mr.Alloc(guardSlots * 8) // no memfds here: no links, no same-node route
 	}
 	if err != nil {
 		_ = mr.Free(mem)

@@ -560,6 +560,8 @@ func (m *Manager) Route(r RemoteBuffer) (Route, error) {
 		reason += fmt.Sprintf("; owner process %d verified by the kernel (same user)", rt.peer.pid)
 	case loc == fabric.SameNode && rt.refused != "":
 		reason += " (no same-node route: " + rt.refused + ")"
+	case loc == fabric.SameNode && rt.noShm != "":
+		reason += " (" + rt.noShm + ")"
 	case loc == fabric.SameNode:
 		reason += " (neither cma nor shm on both sides)"
 	}
@@ -696,29 +698,38 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		// freed the memory crashed in them.
 		var linkErr error
 		var link *memLink
+		var cmaOK, shmOK bool // the same-node routes route may take besides mem
+		sameNodeOK := func() bool {
+			cmaOK = m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table)
+			shmOK = shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) == ""
+			return memEP != nil || cmaOK || shmOK
+		}
 		if err == nil && memEP != nil {
 			if err := matchesPeer(r, memEP, peer); err != nil {
 				return rt, err
 			}
 		}
-		if err == nil && (memEP != nil || m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table) ||
-			shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) == "") {
+		if err == nil && sameNodeOK() {
 			link, linkErr = peer.memLink(t)
 			if peer.replaced.Load() {
 				// This manager verified the owner again since it took
 				// peer (reverify, evict), and ends peer's link: the new
-				// verification's.
+				// verification's. (A verification that fails is err's,
+				// below: the old link's outcome is not this peer's.)
+				link, linkErr = nil, nil
 				if peer, err = m.sameNodePeer(t, r.owner); err == nil {
 					if memEP != nil {
 						if err := matchesPeer(r, memEP, peer); err != nil {
 							return rt, err
 						}
 					}
-					link, linkErr = peer.memLink(t)
+					if sameNodeOK() {
+						link, linkErr = peer.memLink(t)
+					}
 				}
 			}
 			if ae, ok := linkErr.(*awaitError); ok {
-				ae.provider = m.sameNodeRoute(peer, memEP, cmaEP)
+				ae.provider = m.sameNodeRoute(memEP != nil, cmaOK)
 				return rt, ae // the limits ended: no other route is tried for them
 			}
 		}
@@ -781,8 +792,16 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		switch {
 		case err != nil:
 		case linkErr != nil:
-			if rt.gone = peerGoneOf(linkErr); rt.gone != nil {
-				rt.gone.Provider = m.sameNodeRoute(peer, memEP, cmaEP)
+			rt.gone = peerGoneOf(linkErr)
+			if rt.gone == nil && errors.Is(linkErr, errNoAnswer) {
+				// Nobody answered the dial: the owner may have died since
+				// its verification.
+				if gone, why := proc.Gone(peer.pid); gone {
+					rt.gone = &progress.PeerGoneError{Peer: cma.Peer(peer.pid), Cause: why}
+				}
+			}
+			if rt.gone != nil {
+				rt.gone.Provider = m.sameNodeRoute(memEP != nil, cmaOK)
 			} else {
 				rt.noShm = fmt.Sprintf("no same-node route to process %d: the link its Close waits for this manager's ops through failed (%v)", peer.pid, linkErr)
 			}
@@ -790,12 +809,12 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 			rt.kind, rt.ep, rt.peer, rt.link = route.Mem, memEP, peer, link
 			rt.settled = shmEP == nil || peer.shmName == nil || string(shmEP.name) == string(peer.shmName)
 			return rt, nil
-		case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table):
+		case cmaOK:
 			rt.kind, rt.ep, rt.peer = route.CMA, cmaEP, peer
 			return rt, matchesPeer(r, cmaEP, peer)
-		case shmEP != nil && peer.shmName != nil && peer.shmMismatch(bs.sameNode) != "":
+		case shmEP != nil && peer.shmName != nil && !shmOK:
 			rt.noShm = peer.shmMismatch(bs.sameNode) // another route, if both have one
-		case shmEP != nil && peer.shmName != nil:
+		case shmOK:
 			rt.kind, rt.b, rt.ep, rt.peer = route.Fabric, bs.shmOutgoing(), shmEP, peer
 			return rt, matchesPeer(r, shmEP, peer)
 		}
@@ -855,14 +874,14 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 	return rt, fmt.Errorf("%w: owner (%s) offers %v, this manager has %v", ErrNoRoute, rt.loc, r.Providers(), local)
 }
 
-// sameNodeRoute names the same-node route route() takes toward peer,
-// given the handle's mem and cma endpoints (nil when it has none or this
-// manager may not use them): for errors on the way there.
-func (m *Manager) sameNodeRoute(peer *sameNodePeer, memEP, cmaEP *remoteEP) string {
+// sameNodeRoute names the same-node route route() takes toward an owner
+// (mem when the handle has it and mem is on, else cma when it reaches the
+// owner, else shm): for errors on the way there.
+func (m *Manager) sameNodeRoute(viaMem, viaCMA bool) string {
 	switch sn := m.backends().sameNode; {
-	case memEP != nil:
+	case viaMem:
 		return mem.Name
-	case m.cma != nil && cmaEP != nil && m.reach.Reaches(peer.pid, peer.cma.table), sn == nil:
+	case viaCMA, sn == nil:
 		return cma.Name
 	default:
 		return sn.Name()

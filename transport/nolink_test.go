@@ -75,6 +75,7 @@ func TestSameNodeWithoutLink(t *testing.T) {
 			rt, err := withTCP.Route(h)
 			require.NoError(t, err)
 			assert.Equal(t, testenv.RouteTCP, rt.Backend)
+			assert.Contains(t, rt.Reason, "the link its Close waits for this manager's ops through failed")
 			require.NoError(t, withTCP.ReadInto(ctx, register(t, withTCP, local, mr.ReadWrite), h))
 			assert.Equal(t, byte(0x5a), local[len(local)-1])
 		})

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,4 +147,37 @@ func TestCopyStopsAtANewGeneration(t *testing.T) {
 	o = Op{Dir: progress.Write, PID: pid, Local: local, Remote: uint64(mr.Addr(dest)), GenAt: genAt, Gen: 2}
 	err = Copy(open(), &o)
 	require.ErrorIs(t, err, ErrClosed, "the table's unmapped generation word")
+}
+
+// TestMarkBegin: a mark stays only when the link is up and the
+// generation is the op's; an ended link is ErrUnmarked (the owner might
+// not count the page: the op must not run), a new generation ErrClosed,
+// and neither leaves a mark behind.
+func TestMarkBegin(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ended bool
+		gen   uint64
+		want  error
+		marks uint32
+	}{
+		{name: "up", gen: 7, marks: 1},
+		{name: "link ended", ended: true, gen: 7, want: ErrUnmarked},
+		{name: "buffer closed", gen: 8, want: ErrClosed},
+		{name: "both", ended: true, gen: 8, want: ErrUnmarked},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var use uint32
+			var ended atomic.Bool
+			ended.Store(tc.ended)
+			word := tc.gen
+			err := Mark{Use: &use, Ended: &ended}.Begin(&word, 7)
+			if tc.want == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tc.want)
+			}
+			assert.Equal(t, tc.marks, use)
+		})
+	}
 }
