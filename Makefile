@@ -66,9 +66,11 @@ vet: deps
 
 # Everything under the race detector; then the soak and churn again
 # without it, where their resident-memory bound holds (the race
-# detector's own memory grows with the work).
+# detector's own memory grows with the work). go test's default
+# 10-minute limit per package is a hang guard: under the race detector
+# ./test takes about that long on a 2-core machine.
 test: deps vet
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -count=1 -run '^(TestSoak|TestChurn)$$' ./test
 	# Allocation counts, which the race detector's own allocations hide.
 	$(GO) test -count=1 -run '^(TestNoAllocsPerOp|TestGoneAllocatesLittle|TestMemoOfTwoManagers)$$' ./transport ./internal/proc
