@@ -69,6 +69,25 @@ func printHandle(conn io.Writer, b *transport.Buffer) error {
 	return err
 }
 
+// serveFilled is a child's side of a test that reads one buffer: it
+// allocates n bytes of v in m, prints their handle (printHandle), and
+// holds them until conn's input ends.
+func serveFilled(conn io.ReadWriter, m *transport.Manager, n int, v byte) error {
+	b, err := m.Alloc(n, mr.ReadWrite)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	for i := range b.Bytes() {
+		b.Bytes()[i] = v
+	}
+	if err := printHandle(conn, b); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, conn)
+	return err
+}
+
 // readHandle reads the next line of p as a handle (printHandle).
 func readHandle(t testing.TB, p *testpeer.Process) transport.RemoteBuffer {
 	t.Helper()

@@ -41,19 +41,7 @@ func init() {
 		if err != nil {
 			return err
 		}
-		b, err := m.Alloc(64, mr.ReadWrite)
-		if err != nil {
-			return err
-		}
-		defer b.Close()
-		for i := range b.Bytes() {
-			b.Bytes()[i] = 0x5a
-		}
-		if err := printHandle(conn, b); err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, conn)
-		return err
+		return serveFilled(conn, m, 64, 0x5a)
 	})
 }
 
