@@ -51,8 +51,8 @@ const (
 	memRedial = time.Second
 )
 
-// maxMemPeers bounds the use pages an owner hands out at once (a
-// variable for tests).
+// maxMemPeers bounds the use pages (links) an owner hands out at once,
+// one per peer manager, whatever route it takes (a variable for tests).
 var maxMemPeers = 1024
 
 // The statuses of a memReply.
@@ -240,7 +240,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 // newMemPeer makes pid's use page and sends it with the generations page.
 func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
 	if m.memPeers.full() {
-		return nil, memAnswer(c, memRefused, fmt.Sprintf("%d peers map this manager's memory already", maxMemPeers), 0, nil)
+		return nil, memAnswer(c, memRefused, fmt.Sprintf("the owner has no use page left: it links at most %d peer managers at once, and a peer's manager holds its link until it closes", maxMemPeers), 0, nil)
 	}
 	page, err := mr.AllocControl(useSlots * 4)
 	if err != nil {
