@@ -41,7 +41,10 @@ type Job struct {
 	Chunks   []Chunk
 	Start    time.Time
 	// Deadline, when not zero, finishes the job with a *TimeoutError
-	// (wrapping context.DeadlineExceeded) if it is not done by then.
+	// (wrapping context.DeadlineExceeded) if it is not done by then. Past
+	// it the loop posts no more of a job of several chunks, and finishes
+	// it before it reaps again: only what the call under way at the
+	// deadline completes may still make it a success.
 	Deadline time.Time
 	// Tag is the submitter's; the loop does not touch it.
 	Tag any
@@ -90,6 +93,7 @@ type Job struct {
 	running        int   // index in Loop.running, -1 when not there
 	checked        int64 // monoNow of the last Check (or of intake)
 	next, inflight int
+	window         int // chunks it may have in flight at once (jobInflight)
 	finished       bool
 	stopPosting    bool
 	idled          bool
@@ -241,6 +245,7 @@ type Loop struct {
 	iter       int
 	lastActive int64  // monoNow of the last activity
 	deadlineAt int64  // monoNow of the last deadline check
+	multi      int    // running jobs of more than one chunk
 	postMax    int    // ops the next post tries at most: see post
 	stale      int    // completions whose op context was not live (logged, dropped)
 	woke       bool   // a job finished in this round of iterate (run yields then)
@@ -1215,6 +1220,18 @@ func (l *Loop) iterate(now int64) bool {
 	if l.leftJobs.Load() > 0 {
 		l.expireLeft()
 	}
+	// A job of several chunks is checked before the round posts or reaps,
+	// by a clock of its own: the round's may be old (Wait reads one only
+	// after a round that did something, and a reap that moved megabytes
+	// for tcp without completing an op did nothing), and a job past its
+	// deadline must not have more posted, nor be completed by a later
+	// call than the one under way at its deadline.
+	if l.multi > 0 {
+		if t := monoNow(); t-l.deadlineAt >= int64(deadlineGrain) {
+			l.deadlineAt = t
+			l.checkDeadlines(time.Now(), t)
+		}
+	}
 	if l.post() {
 		worked = true
 	}
@@ -1313,6 +1330,13 @@ func (l *Loop) intake(now int64) bool {
 		}
 		j.running = len(l.running)
 		j.checked = now
+		j.window = 1
+		if len(j.Chunks) > 1 {
+			l.multi++
+			if c := j.Chunks[0].Len; c > 0 && c < jobInflight {
+				j.window = int(jobInflight / c)
+			}
+		}
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
 	}
@@ -1342,7 +1366,7 @@ func (l *Loop) post() bool {
 	var bytes uint64
 	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < l.postMax && bytes < postBytes; {
 		j := l.active[ai]
-		if j.finished || j.stopPosting || j.next >= len(j.Chunks) {
+		if j.finished || j.stopPosting || j.next >= len(j.Chunks) || j.inflight >= j.window {
 			ai++
 			continue
 		}
@@ -1428,11 +1452,17 @@ func reachedProvider(j *Job) {
 
 // postBytes bounds what one round posts: a provider may move an op's
 // bytes inside the post call (2.1's tcp sends while the reader drains the
-// socket), and a round checks deadlines only after it posted and reaped;
-// a batch of a whole 256 MiB write once completed in one round, 895 ms
-// past its deadline. A few chunks' worth: large transfers keep their
-// queue full, small ops never reach it.
+// socket), and the round's posts and reap are not interrupted by a
+// deadline; a batch of a whole 256 MiB write once completed in one round,
+// 895 ms past its deadline. A few chunks' worth: large transfers keep
+// their queue full, small ops never reach it.
 const postBytes = 16 << 20
+
+// jobInflight bounds the bytes of one job in flight at once (at least one
+// chunk): what its deadline cannot stop once posted, and what goes on
+// moving after its request timed out. Four rounds' worth of postBytes
+// keeps a large transfer's queue full.
+const jobInflight = 64 << 20
 
 // compact drops the jobs at the front of active that have nothing left to
 // post.
@@ -1546,6 +1576,9 @@ func (l *Loop) finish(j *Job, err error) {
 		j.OnStrand(j)
 	}
 	if i := j.running; i >= 0 && i < len(l.running) && l.running[i] == j {
+		if len(j.Chunks) > 1 {
+			l.multi--
+		}
 		last := l.running[len(l.running)-1]
 		l.running[i] = last
 		last.running = i

@@ -1,0 +1,165 @@
+package progress
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// largeJob is a job of n chunks of size bytes (the fake port touches no
+// memory), with deadline d from now.
+func largeJob(n int, size uint64, d time.Duration) *Job {
+	j := NewJob()
+	for i := range n {
+		off := uint64(i) * size
+		j.Chunks = append(j.Chunks, Chunk{Local: uintptr(off + 8), Len: size, Remote: off, Offset: off})
+	}
+	j.Start = time.Now()
+	j.Deadline = j.Start.Add(d)
+	return j
+}
+
+// TestLongCallAcrossTheDeadline: a 256 MiB job (32 chunks of 8 MiB) with a
+// 20 ms deadline, whose reap runs across the deadline moving bytes and
+// completing nothing (tcp inside fi_cq_read on a loaded machine), and
+// whose next reap would complete every op posted: it ends with its
+// deadline, and nothing more of it is posted past it. The round after the
+// long call gets the clock of the round before it, as Wait gives it when
+// that call did nothing, or a fresh one. Until the deadline check came
+// before the round's posts and reap, and the round's job had a bound on
+// what it has in flight, such a job had all 32 chunks posted in the first
+// milliseconds, was completed by the next reap, and returned nil about
+// 800 ms after its 20 ms deadline (test/TestDeadlineEndsLongTransfer, once
+// in CI).
+func TestLongCallAcrossTheDeadline(t *testing.T) {
+	for _, fresh := range []bool{false, true} {
+		name := "the round's clock from before the call"
+		if fresh {
+			name = "a fresh clock"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newFakePort()
+			l := newLoop(f, 64, DefaultPollPolicy, zerolog.Nop())
+			j := largeJob(32, 8<<20, 20*time.Millisecond)
+			require.NoError(t, l.Submit(j))
+			l.drive.Lock()
+			defer l.drive.Unlock()
+			now := monoNow()
+			for l.iterate(now) { // posts while it may
+				now = monoNow()
+			}
+			before := f.posted.Load()
+			assert.EqualValues(t, jobInflight/(8<<20), before, "in flight at once")
+			require.False(t, j.finished, "ended before its deadline")
+
+			f.slow = time.Until(j.Deadline) + 5*time.Millisecond // the long call
+			l.iterate(now)
+			f.slow = 0
+			f.complete(-1) // the next reap would complete every op posted
+			if fresh {
+				now = monoNow()
+			}
+			l.iterate(now)
+			require.True(t, j.finished, "still running %v after its deadline", time.Since(j.Deadline))
+			require.NotEmpty(t, j.Errs, "ended without an error %v after its deadline, %d of %d chunks completed",
+				time.Since(j.Deadline), j.Completed, len(j.Chunks))
+			var te *TimeoutError
+			require.ErrorAs(t, j.Errs[0], &te)
+			assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded)
+			assert.Equal(t, before, f.posted.Load(), "posted past its deadline")
+		})
+	}
+}
+
+// TestWaitAcrossALongCall is TestLongCallAcrossTheDeadline through Wait
+// with the loop's goroutine running, as a request waits: once a round
+// posts nothing more, the next two reaps take 100 ms each, the first
+// completing nothing, the second every op posted. Each run ends with the job's
+// deadline. Before the fix, 19 runs of 20 returned nil (with 390 ms
+// reaps).
+func TestWaitAcrossALongCall(t *testing.T) {
+	for run := range 10 {
+		f := newFakePort()
+		var long atomic.Int32
+		var seen int64 // ops posted at the last reap (under the drive lock)
+		sp := &scriptedPort{fakePort: f, beforeReap: func(f *fakePort) {
+			if p := f.posted.Load(); p == 0 || p != seen {
+				seen = p
+				return // not yet every op that may go out at once
+			}
+			switch long.Add(1) {
+			case 1:
+				time.Sleep(100 * time.Millisecond)
+			case 2:
+				time.Sleep(100 * time.Millisecond)
+				f.complete(-1)
+			}
+		}}
+		l := newLoop(sp, 64, DefaultPollPolicy, zerolog.Nop())
+		go l.run()
+		j := largeJob(32, 8<<20, 20*time.Millisecond)
+		ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
+		require.NoError(t, l.Submit(j))
+		err := l.Wait(ctx, j)
+		cancel()
+		l.Close(nil)
+		require.NoError(t, err, "run %d: Wait", run) // the job's errors are its own
+		require.NotEmpty(t, j.Errs, "run %d: nil %v after the deadline, %d of %d chunks completed",
+			run, time.Since(j.Deadline), j.Completed, len(j.Chunks))
+		assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded, "run %d", run)
+	}
+}
+
+// scriptedPort is a fakePort that runs beforeReap (under the loop's drive
+// lock) before each reap: a test's long call, or its completions.
+type scriptedPort struct {
+	*fakePort
+	beforeReap func(*fakePort)
+}
+
+func (s *scriptedPort) reap() ([]uint32, error) {
+	s.beforeReap(s.fakePort)
+	return s.fakePort.reap()
+}
+
+// TestJobInflightBound: a job has at most jobInflight bytes in flight (at
+// least one chunk), whatever the slots and the round's budget allow, and
+// still completes every chunk; a job of small chunks is not held back by
+// it.
+func TestJobInflightBound(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		chunks int
+		size   uint64
+		window int
+	}{
+		{"8 MiB chunks", 40, 8 << 20, 8},
+		{"chunks larger than the bound", 5, 100 << 20, 1},
+		{"64 KiB chunks", 2000, 64 << 10, 1024},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l, f := testLoop(t, 4096, false)
+			j := largeJob(tt.chunks, tt.size, time.Hour)
+			require.NoError(t, l.Submit(j))
+			most := 0
+			for range 100000 {
+				for step(l) { // posts while it may: a round posts postBytes at most
+				}
+				most = max(most, f.inFlight())
+				if j.finished {
+					break
+				}
+				f.complete(1 + f.inFlight()/2)
+			}
+			require.True(t, j.finished)
+			require.Empty(t, j.Errs)
+			assert.Equal(t, tt.chunks, j.Completed)
+			assert.Equal(t, tt.window, most, "chunks in flight at once")
+		})
+	}
+}
