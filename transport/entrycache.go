@@ -3,7 +3,6 @@ package transport
 import (
 	"encoding/binary"
 	"sync/atomic"
-	"time"
 
 	"github.com/fitransfer/fitransfer/internal/route/cma"
 	"github.com/fitransfer/fitransfer/progress"
@@ -134,7 +133,7 @@ func (p *sameNodePeer) linkForChecks() *memLink {
 	}
 	l := p.link
 	up := l != nil && !l.done.Load()
-	if !up && !p.memDone && !p.dialing && (p.linkErr == nil || time.Since(p.linkAt) >= memRedial) {
+	if !up && !p.memDone && !p.dialing && (p.linkErr == nil || p.redialDue()) {
 		p.startDial()
 	}
 	p.memMu.Unlock()

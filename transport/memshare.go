@@ -469,7 +469,7 @@ func (mm *memMap) unref() {
 }
 
 // memLink returns the link to p: the one set up, or a new one when there
-// is none and the last attempt is older than memRedial. The dial runs in
+// is none and the last attempt may be made again (redialDue). The dial runs in
 // a goroutine of its own (startDial), which the request waits for within
 // t's limits: toward an owner that does not answer (stopped, say) a dial
 // takes up to a few verifyTimeouts. Past the limits it returns an
@@ -493,10 +493,25 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 			l := p.link
 			p.memMu.Unlock()
 			return l, nil
-		case !p.dialing && p.linkErr != nil && time.Since(p.linkAt) < memRedial:
+		case !p.dialing && p.linkErr != nil && !p.redialDue() && !p.linkTimedOut:
 			err := p.linkErr
 			p.memMu.Unlock()
 			return nil, err
+		case !p.dialing && p.linkErr != nil && !p.redialDue():
+			// The owner took no connection or did not answer in time: it
+			// may be stopped or busy for a moment. The request waits
+			// within its limits for the next dial, as for a verification
+			// that timed out (verifyAgain), and ends as its own timeout.
+			retry := time.Until(p.linkRetry)
+			p.memMu.Unlock()
+			due := make(chan struct{})
+			tm := time.AfterFunc(retry, func() { close(due) })
+			err := t.waitFor(due)
+			tm.Stop()
+			if err != nil {
+				return nil, &awaitError{what: "the owner's answer on the mem link", provider: mem.Name, pid: p.pid, cause: err}
+			}
+			continue
 		}
 		if !p.dialing {
 			p.startDial()
@@ -515,6 +530,8 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 func (p *sameNodePeer) startDial() {
 	dialed := make(chan struct{})
 	p.dialing, p.dialed = true, dialed
+	p.linkDials++
+	began := time.Now()
 	go func() {
 		l, err := dialMem(p)
 		p.memMu.Lock()
@@ -527,7 +544,10 @@ func (p *sameNodePeer) startDial() {
 				l, err = nil, errors.New("the mem route was closed")
 			}
 		}
+		var ne net.Error
 		p.link, p.linkErr, p.linkAt = l, err, time.Now()
+		p.linkTimedOut = errors.As(err, &ne) && ne.Timeout()
+		p.linkRetry = began.Add(verifyTimeout)
 		p.up.Store(l)
 		p.dialing = false
 		p.memMu.Unlock()
@@ -543,12 +563,29 @@ func (p *sameNodePeer) startDial() {
 	}()
 }
 
+// redialDue reports whether a failed link may be dialed again: one that
+// timed out verifyTimeout after its last dial began (an owner whose queue
+// of connections is full refuses at once, and must not be dialed in a
+// loop), another memRedial after it failed. Under memMu.
+func (p *sameNodePeer) redialDue() bool {
+	if p.linkTimedOut {
+		return !time.Now().Before(p.linkRetry)
+	}
+	return time.Since(p.linkAt) >= memRedial
+}
+
 // dialMem opens the mem connection to p, checks that the kernel says it
 // is p's process, and asks for the generations page and a use page.
 func dialMem(p *sameNodePeer) (*memLink, error) {
 	d := net.Dialer{Timeout: verifyTimeout}
 	nc, err := d.Dial("unixpacket", verifySocket(p.owner))
-	if err != nil {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		// Its manager listens and takes no connection (its backlog is
+		// full: stopped, say): a timeout, dialed again (memLink).
+		return nil, fmt.Errorf("link to process %d: its manager takes no connection: %w", p.pid, err)
+	case err != nil:
 		return nil, fmt.Errorf("%w (%v)", errNoAnswer, errors.Unwrap(err))
 	}
 	c := nc.(*net.UnixConn)
@@ -564,7 +601,7 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 	b := make([]byte, proofMaxSize+1)
 	n, err := c.Read(b)
 	if err != nil {
-		return fail("no answer: %v", err)
+		return fail("no answer: %w", err) // %w: a timeout is dialed again (memLink)
 	}
 	var again sameNodePeer
 	if pid, err := parseProof(b[:n], &again); err != nil || pid != p.pid || again.cma != p.cma {
@@ -573,7 +610,7 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 	l := &memLink{owner: p, conn: c, pidfd: -1, maps: map[uint64]*memMap{}}
 	withLife, fds, err := l.ask(nil, []byte(memCtlReq), nil, 2)
 	if err != nil {
-		return fail("%v", err)
+		return fail("%w", err)
 	}
 	gensLen := useSlots * 8
 	if withLife == lifeOffset+lifeline.Size { // any other value: an owner without one

@@ -47,8 +47,11 @@ func requireGaveUp(t *testing.T, err error, canceled bool, took time.Duration) {
 
 // TestMemLinkDialWithinLimits: a request waits for the mem link's setup
 // only within its limits, toward an owner's socket that takes the
-// connection and never answers; the dial goes on without it, ends by its
-// own bound, and its failure then stands for the next request.
+// connection and never answers; the dial goes on without it and ends by
+// its own bound, a timeout. The next request dials again and waits within
+// its own limits: it ends as its own timeout (retryable), not with the
+// failure of the dial before it (until 2026-12-07 that failure stood for a
+// second, and the request's error was ErrNoRoute, final).
 func TestMemLinkDialWithinLimits(t *testing.T) {
 	for _, canceled := range []bool{false, true} {
 		t.Run(map[bool]string{false: "deadline", true: "cancel"}[canceled], func(t *testing.T) {
@@ -69,12 +72,48 @@ func TestMemLinkDialWithinLimits(t *testing.T) {
 			case <-time.After(3 * verifyTimeout):
 				t.Fatal("the dial never ended")
 			}
-			_, err = p.memLink(testTimes())
-			require.Error(t, err, "the dial's failure stands")
-			var ae *awaitError
-			require.NotErrorAs(t, err, &ae)
+			p.memMu.Lock()
+			dials := p.linkDials
+			var ne net.Error
+			require.ErrorAs(t, p.linkErr, &ne)
+			require.True(t, ne.Timeout(), "the dial's failure: %v", p.linkErr)
+			p.memMu.Unlock()
+			start = time.Now()
+			_, err = p.memLink(limits(t, canceled))
+			requireGaveUp(t, err, canceled, time.Since(start))
+			p.memMu.Lock()
+			defer p.memMu.Unlock()
+			require.Equal(t, dials+1, p.linkDials, "dialed again")
 		})
 	}
+}
+
+// TestMemLinkDialAgainDoesNotSpin: an owner whose queue of connections is
+// full refuses a connection at once (EAGAIN, which Go counts as a
+// timeout). A request dials its link again only verifyTimeout after the
+// last dial began, not in a loop, and gets its error at its limits.
+func TestMemLinkDialAgainDoesNotSpin(t *testing.T) {
+	owner := newManagerID()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: verifySocket(owner)}))
+	require.NoError(t, unix.Listen(fd, 0)) // one connection waits, the next is refused
+	for i := 0; ; i++ {
+		require.Less(t, i, 16, "the owner's queue never filled")
+		c, err := net.Dial("unixpacket", verifySocket(owner))
+		if err != nil {
+			break
+		}
+		defer c.Close()
+	}
+	p := &sameNodePeer{pid: os.Getpid(), owner: owner}
+	start := time.Now()
+	_, err = p.memLink(limits(t, false))
+	requireGaveUp(t, err, false, time.Since(start))
+	p.memMu.Lock()
+	defer p.memMu.Unlock()
+	require.Equal(t, 1, p.linkDials, "dials within 200 ms")
 }
 
 // TestMapAskWithinLimits: a request waits for the owner's answer for a

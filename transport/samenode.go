@@ -128,23 +128,30 @@ type sameNodePeer struct {
 	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
 
 	// The mem route to it: link, or why not since linkAt (a failed
-	// link is dialed again after memRedial; a closed one never).
+	// link is dialed again after memRedial, one that timed out
+	// verifyTimeout after its dial began; a closed one never).
 	memMu sync.Mutex
 	link  *memLink
 	// up is link, for readers that must not wait for memMu
 	// (linkForChecks): written with it, under memMu.
-	up       atomic.Pointer[memLink]
-	linkErr  error
-	linkAt   time.Time
-	memDone  bool
-	dialing  bool          // a link is being set up (startDial)
-	dialed   chan struct{} // closed when that is done
-	owner    ID
-	announce sync.Once
-	annMu    sync.Mutex
-	annConn  *net.UnixConn // the connection announcing shm use; nil when none
-	ended    bool          // conn ended: no announcement may outlive it; under annMu
-	noWake   bool          // the owner answered a wake: it does not know it; under annMu
+	up      atomic.Pointer[memLink]
+	linkErr error
+	linkAt  time.Time
+	// linkTimedOut: linkErr is a timeout (the owner took no connection,
+	// or did not answer within verifyTimeout), dialed again from
+	// linkRetry on; linkDials counts the dials (tests).
+	linkTimedOut bool
+	linkRetry    time.Time
+	linkDials    int
+	memDone      bool
+	dialing      bool          // a link is being set up (startDial)
+	dialed       chan struct{} // closed when that is done
+	owner        ID
+	announce     sync.Once
+	annMu        sync.Mutex
+	annConn      *net.UnixConn // the connection announcing shm use; nil when none
+	ended        bool          // conn ended: no announcement may outlive it; under annMu
+	noWake       bool          // the owner answered a wake: it does not know it; under annMu
 	// proofRead: the owner's proof, its first message on the announcing
 	// connection, was read (wakeOwner); under annMu.
 	proofRead bool
