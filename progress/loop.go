@@ -93,7 +93,8 @@ type Job struct {
 	running        int   // index in Loop.running, -1 when not there
 	checked        int64 // monoNow of the last Check (or of intake)
 	next, inflight int
-	window         int // chunks it may have in flight at once (jobInflight)
+	inflightBytes  uint64 // the bytes of the chunks in flight (jobInflight)
+	multi          bool   // of more than one chunk, counted in Loop.multi
 	finished       bool
 	stopPosting    bool
 	idled          bool
@@ -116,7 +117,7 @@ func (j *Job) Reset() {
 	j.Chunks = j.Chunks[:0]
 	j.Errs = j.Errs[:0]
 	j.Completed, j.Attempted = 0, 0
-	j.next, j.inflight = 0, 0
+	j.next, j.inflight, j.inflightBytes, j.multi = 0, 0, 0, false
 	j.finished, j.stopPosting, j.idled, j.reached = false, false, false, false
 	j.left.Store(nil) // consumed when it finished: nothing to count
 }
@@ -1220,20 +1221,10 @@ func (l *Loop) iterate(now int64) bool {
 	if l.leftJobs.Load() > 0 {
 		l.expireLeft()
 	}
-	// A job of several chunks is checked before the round posts or reaps,
-	// by a clock of its own: the round's may be old (Wait reads one only
-	// after a round that did something, and a reap that moved megabytes
-	// for tcp without completing an op did nothing), and a job past its
-	// deadline must not have more posted, nor be completed by a later
-	// call than the one under way at its deadline.
-	if l.multi > 0 {
-		if t := monoNow(); t-l.deadlineAt >= int64(deadlineGrain) {
-			l.deadlineAt = t
-			l.checkDeadlines(time.Now(), t)
-		}
-	}
+	l.checkMulti()
 	if l.post() {
 		worked = true
+		l.checkMulti() // the post may have run past a deadline (2.x's tcp sends inline)
 	}
 	if l.reap() {
 		worked = true
@@ -1253,6 +1244,23 @@ func (l *Loop) iterate(now int64) bool {
 		l.activeAt.Store(now)
 	}
 	return worked
+}
+
+// checkMulti checks the deadlines while a job of several chunks runs, by
+// a clock of its own, before each call that could post or complete more
+// of it: the round's clock may be old (Wait reads one only after a round
+// that did something, and a reap that moved megabytes for tcp without
+// completing an op did nothing), and a job past its deadline must not
+// have more posted, nor be completed by a later call than the one under
+// way at its deadline. Rounds read no clock here while only jobs of one
+// chunk run (small ops). Under the drive lock.
+func (l *Loop) checkMulti() {
+	if l.multi > 0 {
+		if t := monoNow(); t-l.deadlineAt >= int64(deadlineGrain) {
+			l.deadlineAt = t
+			l.checkDeadlines(time.Now(), t)
+		}
+	}
 }
 
 // yieldEvery is how often a spinning loop yields its thread to other
@@ -1330,12 +1338,8 @@ func (l *Loop) intake(now int64) bool {
 		}
 		j.running = len(l.running)
 		j.checked = now
-		j.window = 1
-		if len(j.Chunks) > 1 {
+		if j.multi = len(j.Chunks) > 1; j.multi {
 			l.multi++
-			if c := j.Chunks[0].Len; c > 0 && c < jobInflight {
-				j.window = int(jobInflight / c)
-			}
 		}
 		l.running = append(l.running, j)
 		l.active = append(l.active, j)
@@ -1366,7 +1370,8 @@ func (l *Loop) post() bool {
 	var bytes uint64
 	for ai := 0; ai < len(l.active) && len(l.free) > 0 && len(l.batch) < l.postMax && bytes < postBytes; {
 		j := l.active[ai]
-		if j.finished || j.stopPosting || j.next >= len(j.Chunks) || j.inflight >= j.window {
+		if j.finished || j.stopPosting || j.next >= len(j.Chunks) ||
+			j.inflight > 0 && j.inflightBytes+j.Chunks[j.next].Len > jobInflight {
 			ai++
 			continue
 		}
@@ -1374,6 +1379,7 @@ func (l *Loop) post() bool {
 		l.free = l.free[:len(l.free)-1]
 		c := &j.Chunks[j.next]
 		bytes += c.Len
+		j.inflightBytes += c.Len
 		rec := slotRec{job: j, gen: j.gen.Load(), chunk: int32(j.next)}
 		l.slots[slot] = rec
 		flags := uint64(fabric.OpCompletion) | j.Flags
@@ -1404,6 +1410,7 @@ func (l *Loop) post() bool {
 		p := l.batch[i]
 		j := p.rec.job
 		j.inflight--
+		j.inflightBytes -= j.Chunks[p.rec.chunk].Len
 		l.inflight--
 		if int(p.rec.chunk) < j.next {
 			j.next = int(p.rec.chunk)
@@ -1458,10 +1465,10 @@ func reachedProvider(j *Job) {
 // their queue full, small ops never reach it.
 const postBytes = 16 << 20
 
-// jobInflight bounds the bytes of one job in flight at once (at least one
-// chunk): what its deadline cannot stop once posted, and what goes on
-// moving after its request timed out. Four rounds' worth of postBytes
-// keeps a large transfer's queue full.
+// jobInflight bounds the bytes of one job in flight at once (or one
+// chunk, when larger): what its deadline cannot stop once posted, and what
+// goes on moving after its request timed out. Four rounds' worth of
+// postBytes keeps a large transfer's queue full.
 const jobInflight = 64 << 20
 
 // compact drops the jobs at the front of active that have nothing left to
@@ -1537,6 +1544,7 @@ func (l *Loop) complete(slot uint32, cqe *fabric.CQError) {
 		return
 	}
 	j.inflight--
+	j.inflightBytes -= j.Chunks[rec.chunk].Len
 	switch {
 	case j.finished:
 		if cqe != nil {
@@ -1576,7 +1584,7 @@ func (l *Loop) finish(j *Job, err error) {
 		j.OnStrand(j)
 	}
 	if i := j.running; i >= 0 && i < len(l.running) && l.running[i] == j {
-		if len(j.Chunks) > 1 {
+		if j.multi {
 			l.multi--
 		}
 		last := l.running[len(l.running)-1]
@@ -1739,6 +1747,7 @@ func (l *Loop) block(d time.Duration) bool {
 	if l.down {
 		return false
 	}
+	l.checkMulti() // the wait may have outlasted a deadline
 	l.inCall.Store(monoNow())
 	slots, err := l.port.reap()
 	l.inCall.Store(0)
@@ -2000,7 +2009,7 @@ func (l *Loop) shutdown() {
 	}
 	l.active, l.running = nil, nil
 	for _, j := range jobs {
-		j.inflight = 0
+		j.inflight, j.inflightBytes = 0, 0
 		l.settle(j)
 	}
 }

@@ -26,9 +26,10 @@ func largeJob(n int, size uint64, d time.Duration) *Job {
 
 // TestLongCallAcrossTheDeadline: a 256 MiB job (32 chunks of 8 MiB) with a
 // 20 ms deadline, whose reap runs across the deadline moving bytes and
-// completing nothing (tcp inside fi_cq_read on a loaded machine), and
-// whose next reap would complete every op posted: it ends with its
-// deadline, and nothing more of it is posted past it. The round after the
+// completing two ops, which leaves room to post two more (tcp inside
+// fi_cq_read on a loaded machine), and whose next reap would complete
+// every op posted: it ends with its deadline, and nothing more of it is
+// posted past it. The round after the
 // long call gets the clock of the round before it, as Wait gives it when
 // that call did nothing, or a fresh one. Until the deadline check came
 // before the round's posts and reap, and the round's job had a bound on
@@ -45,7 +46,7 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f := newFakePort()
 			l := newLoop(f, 64, DefaultPollPolicy, zerolog.Nop())
-			j := largeJob(32, 8<<20, 20*time.Millisecond)
+			j := largeJob(32, 8<<20, time.Hour)
 			require.NoError(t, l.Submit(j))
 			l.drive.Lock()
 			defer l.drive.Unlock()
@@ -55,12 +56,15 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 			}
 			before := f.posted.Load()
 			assert.EqualValues(t, jobInflight/(8<<20), before, "in flight at once")
-			require.False(t, j.finished, "ended before its deadline")
+			j.Deadline = time.Now().Add(20 * time.Millisecond) // from here: a slow start is not the test's
 
 			f.slow = time.Until(j.Deadline) + 5*time.Millisecond // the long call
+			f.complete(2)
 			l.iterate(now)
+			require.False(t, j.finished, "the round of the long call ended the job")
+			require.Equal(t, 2, j.Completed)
 			f.slow = 0
-			f.complete(-1) // the next reap would complete every op posted
+			f.complete(-1) // the next reap would complete every op posted, and the round posts first
 			if fresh {
 				now = monoNow()
 			}
@@ -127,10 +131,10 @@ func (s *scriptedPort) reap() ([]uint32, error) {
 	return s.fakePort.reap()
 }
 
-// TestJobInflightBound: a job has at most jobInflight bytes in flight (at
-// least one chunk), whatever the slots and the round's budget allow, and
-// still completes every chunk; a job of small chunks is not held back by
-// it.
+// TestJobInflightBound: a job has at most jobInflight bytes in flight (or
+// one chunk, when larger), whatever the slots and the round's budget
+// allow, and still completes every chunk; a job of small chunks is not
+// held back by it.
 func TestJobInflightBound(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
@@ -140,6 +144,7 @@ func TestJobInflightBound(t *testing.T) {
 	}{
 		{"8 MiB chunks", 40, 8 << 20, 8},
 		{"chunks larger than the bound", 5, 100 << 20, 1},
+		{"48 MiB chunks", 5, 48 << 20, 1},
 		{"64 KiB chunks", 2000, 64 << 10, 1024},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,4 +167,65 @@ func TestJobInflightBound(t *testing.T) {
 			assert.Equal(t, tt.window, most, "chunks in flight at once")
 		})
 	}
+}
+
+// TestBlockedAcrossTheDeadline: a job of several chunks, all in flight,
+// whose loop waits on the CQ's file descriptor (nothing completes, no
+// waiter drives) until past the job's deadline, and is then woken with
+// every op complete: it ends with its deadline, not with the reap after
+// the wait, which is a call begun after it.
+func TestBlockedAcrossTheDeadline(t *testing.T) {
+	f := newFakePort()
+	f.canWait = true
+	// No spin: the loop waits on the descriptor as soon as it is idle, for
+	// as long as the test needs (its waits end by the test's signal).
+	l := newLoop(f, 64, PollPolicy{Spin: time.Nanosecond, MinSleep: time.Minute, MaxSleep: time.Minute}, zerolog.Nop())
+	go l.run()
+	defer l.Close(nil)
+	j := largeJob(8, 8<<20, 300*time.Millisecond)
+	require.NoError(t, l.Submit(j))
+	require.Eventually(t, func() bool { return f.posted.Load() == 8 && f.waits.Load() > 0 },
+		10*time.Second, time.Millisecond, "the loop posted and waits")
+	time.Sleep(time.Until(j.Deadline) + 10*time.Millisecond) // the deadline passes while it waits
+	f.complete(-1)
+	f.signal()
+	select {
+	case <-j.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never ended")
+	}
+	require.NotEmpty(t, j.Errs, "nil %v after its deadline, %d of %d chunks completed", time.Since(j.Deadline), j.Completed, len(j.Chunks))
+	assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded)
+}
+
+// TestPostAcrossTheDeadline: a post that runs across a job's deadline
+// (2.x's tcp sends inline as the reader drains the socket) posts the
+// job's last chunks, and the reap of the same round would complete every
+// op of it: the job ends with its deadline, checked between the two
+// calls.
+func TestPostAcrossTheDeadline(t *testing.T) {
+	f := newFakePort()
+	sp := &scriptedPort{fakePort: f, beforeReap: func(*fakePort) {}} // nothing completes: the window fills
+	l := newLoop(sp, 64, DefaultPollPolicy, zerolog.Nop())
+	window := int(jobInflight / (8 << 20))
+	j := largeJob(window+2, 8<<20, time.Hour)
+	require.NoError(t, l.Submit(j))
+	l.drive.Lock()
+	defer l.drive.Unlock()
+	now := monoNow()
+	for l.iterate(now) {
+		now = monoNow()
+	}
+	require.EqualValues(t, window, f.posted.Load())
+	f.complete(2)
+	l.iterate(monoNow()) // room for the last two
+	require.Equal(t, 2, j.Completed)
+	j.Deadline = time.Now().Add(20 * time.Millisecond)
+	f.slowPost = (time.Until(j.Deadline) + 5*time.Millisecond) / 2 // the two posts end past it
+	sp.beforeReap = func(f *fakePort) { f.complete(-1) }           // and the reap after them completes all
+	l.iterate(monoNow())
+	require.EqualValues(t, window+2, f.posted.Load(), "the last chunks were posted")
+	require.True(t, j.finished)
+	require.NotEmpty(t, j.Errs, "nil %v after its deadline, %d of %d chunks completed", time.Since(j.Deadline), j.Completed, len(j.Chunks))
+	assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded)
 }

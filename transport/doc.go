@@ -41,8 +41,9 @@
 // tcp;ofi_rxm and efa ops end at the deadline, or when the provider call
 // under way at it returns (a call is not interrupted; tcp moves bytes
 // inside them). Past its deadline nothing more of a transfer is posted,
-// and at most 64 MiB of an op is in flight on an endpoint at once: what
-// the deadline cannot stop, and what may go on moving after ErrTimeout.
+// and at most 64 MiB of an op (or one chunk, when larger) is in flight on
+// an endpoint at once: what the deadline cannot stop, and what may go on
+// moving after ErrTimeout.
 // A transfer that call completed returns nil: its bytes are there.
 //
 // # Rails

@@ -88,7 +88,7 @@ type TransferError struct {
 	Ops          int // ops (transfers) in the request
 	Chunks       int // RMA ops they were split into
 	Failed       int // chunks or ops that failed
-	NotAttempted int // chunks not posted because an earlier one failed
+	NotAttempted int // chunks never posted: an earlier one failed, or the request ended first (its deadline, say)
 	Errs         []error
 }
 
@@ -106,7 +106,7 @@ func (e *TransferError) Error() string {
 		fmt.Fprintf(&b, " (and %d more error%s)", n, plural(n))
 	}
 	if e.NotAttempted > 0 {
-		fmt.Fprintf(&b, "; %d of %d chunks not attempted after the failure", e.NotAttempted, e.Chunks)
+		fmt.Fprintf(&b, "; %d of %d chunks never posted", e.NotAttempted, e.Chunks)
 	}
 	return b.String()
 }

@@ -240,7 +240,7 @@ func (m *Manager) serveMem(c *net.UnixConn, pid int) {
 // newMemPeer makes pid's use page and sends it with the generations page.
 func (m *Manager) newMemPeer(c *net.UnixConn, pid int) (*memPeer, error) {
 	if m.memPeers.full() {
-		return nil, memAnswer(c, memRefused, fmt.Sprintf("the owner has no use page left: it links at most %d peer managers at once, and a peer's manager holds its link until it closes", maxMemPeers), 0, nil)
+		return nil, memAnswer(c, memRefused, fmt.Sprintf("the owner has no use page left: it links at most %d peer managers at once, and each link holds one until it ends", maxMemPeers), 0, nil)
 	}
 	page, err := mr.AllocControl(useSlots * 4)
 	if err != nil {
