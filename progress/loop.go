@@ -1224,8 +1224,8 @@ func (l *Loop) iterate(now int64) bool {
 	l.checkMulti()
 	if l.post() {
 		worked = true
-		l.checkMulti() // the post may have run past a deadline (2.x's tcp sends inline)
 	}
+	l.checkMulti() // the post may have run past a deadline (2.x's tcp sends inline; a refusal takes time too)
 	if l.reap() {
 		worked = true
 	}

@@ -25,7 +25,7 @@ func largeJob(n int, size uint64, d time.Duration) *Job {
 }
 
 // TestLongCallAcrossTheDeadline: a 256 MiB job (32 chunks of 8 MiB) with a
-// 20 ms deadline, whose reap runs across the deadline moving bytes and
+// 100 ms deadline, whose reap runs across the deadline moving bytes and
 // completing two ops, which leaves room to post two more (tcp inside
 // fi_cq_read on a loaded machine), and whose next reap would complete
 // every op posted: it ends with its deadline, and nothing more of it is
@@ -56,7 +56,7 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 			}
 			before := f.posted.Load()
 			assert.EqualValues(t, jobInflight/(8<<20), before, "in flight at once")
-			j.Deadline = time.Now().Add(20 * time.Millisecond) // from here: a slow start is not the test's
+			j.Deadline = time.Now().Add(100 * time.Millisecond) // from here: a slow start is not the test's
 
 			f.slow = time.Until(j.Deadline) + 5*time.Millisecond // the long call
 			f.complete(2)
@@ -182,11 +182,14 @@ func TestBlockedAcrossTheDeadline(t *testing.T) {
 	l := newLoop(f, 64, PollPolicy{Spin: time.Nanosecond, MinSleep: time.Minute, MaxSleep: time.Minute}, zerolog.Nop())
 	go l.run()
 	defer l.Close(nil)
-	j := largeJob(8, 8<<20, 300*time.Millisecond)
+	j := largeJob(8, 8<<20, time.Hour)
 	require.NoError(t, l.Submit(j))
-	require.Eventually(t, func() bool { return f.posted.Load() == 8 && f.waits.Load() > 0 },
+	require.Eventually(t, func() bool { return f.posted.Load() == 8 && l.sleeping.Load() },
 		10*time.Second, time.Millisecond, "the loop posted and waits")
-	time.Sleep(time.Until(j.Deadline) + 10*time.Millisecond) // the deadline passes while it waits
+	// The deadline passes while it waits (it holds no lock meanwhile):
+	l.drive.Lock()
+	j.Deadline = time.Now().Add(-time.Millisecond)
+	l.drive.Unlock()
 	f.complete(-1)
 	f.signal()
 	select {
@@ -220,7 +223,7 @@ func TestPostAcrossTheDeadline(t *testing.T) {
 	f.complete(2)
 	l.iterate(monoNow()) // room for the last two
 	require.Equal(t, 2, j.Completed)
-	j.Deadline = time.Now().Add(20 * time.Millisecond)
+	j.Deadline = time.Now().Add(100 * time.Millisecond)
 	f.slowPost = (time.Until(j.Deadline) + 5*time.Millisecond) / 2 // the two posts end past it
 	sp.beforeReap = func(f *fakePort) { f.complete(-1) }           // and the reap after them completes all
 	l.iterate(monoNow())

@@ -119,7 +119,7 @@ func (m *Manager) shmCheckKept(o *opSpec, c *guardCheck) (bool, error) {
 // linkForChecks is the mem link to p for the handle checks' cache (cma,
 // shm) and the copies' marks (runCMA, markShmPart), when one is up,
 // without waiting for one: when there is none it starts one in the
-// background (one at a time; after memRedial when the last failed).
+// background (one at a time, once the last failure allows: redialDue).
 // route has waited for a link before it gave an op a same-node route
 // (memLink), so an op finds none only when it ended since: the op then
 // fails, nothing moved (linkEndedErr). A link that is up is found without

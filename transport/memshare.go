@@ -46,8 +46,10 @@ const (
 	// maxMemMaps bounds the buffers an initiator keeps mapped per owner;
 	// mappings of closed buffers go first.
 	maxMemMaps = 1024
-	// memRedial is how long a failed mem link stands before the next op
-	// toward the owner dials again (meanwhile: its other routes).
+	// memRedial is how long a refused or failed mem link stands before
+	// the next op toward the owner dials again (meanwhile: its other
+	// routes); one that timed out is dialed again verifyTimeout after
+	// its dial began (redialDue).
 	memRedial = time.Second
 )
 
