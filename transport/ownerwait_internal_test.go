@@ -93,23 +93,10 @@ func TestMemLinkDialWithinLimits(t *testing.T) {
 // timeout). A request dials its link again only verifyTimeout after the
 // last dial began, not in a loop, and gets its error at its limits.
 func TestMemLinkDialAgainDoesNotSpin(t *testing.T) {
-	owner := newManagerID()
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: verifySocket(owner)}))
-	require.NoError(t, unix.Listen(fd, 0)) // one connection waits, the next is refused
-	for i := 0; ; i++ {
-		require.Less(t, i, 16, "the owner's queue never filled")
-		c, err := net.Dial("unixpacket", verifySocket(owner))
-		if err != nil {
-			break
-		}
-		defer c.Close()
-	}
+	owner := fullQueue(t)
 	p := &sameNodePeer{pid: os.Getpid(), owner: owner}
 	start := time.Now()
-	_, err = p.memLink(limits(t, false))
+	_, err := p.memLink(limits(t, false))
 	requireGaveUp(t, err, false, time.Since(start))
 	p.memMu.Lock()
 	defer p.memMu.Unlock()
@@ -234,28 +221,35 @@ func TestMapAskWithinLimits(t *testing.T) {
 	}
 }
 
-// TestVerifyAgainDoesNotSpin: an owner whose queue of connections is full
-// refuses a connection at once (EAGAIN, which Go counts as a timeout). A
-// request verifies it again only verifyTimeout after the last try began,
-// not in a loop, and gets its error at its limits.
-func TestVerifyAgainDoesNotSpin(t *testing.T) {
+// fullQueue is a new owner ID whose socket listens with its queue of
+// connections full: it refuses the next at once (EAGAIN, which Go counts
+// as a timeout).
+func fullQueue(t *testing.T) ID {
 	owner := newManagerID()
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	defer unix.Close(fd)
+	t.Cleanup(func() { _ = unix.Close(fd) })
 	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: verifySocket(owner)}))
 	require.NoError(t, unix.Listen(fd, 0)) // one connection waits, the next is refused
 	for i := 0; ; i++ {
 		require.Less(t, i, 16, "the owner's queue never filled")
 		c, err := net.Dial("unixpacket", verifySocket(owner))
 		if err != nil {
-			break
+			return owner
 		}
-		defer c.Close()
+		t.Cleanup(func() { _ = c.Close() })
 	}
+}
+
+// TestVerifyAgainDoesNotSpin: an owner whose queue of connections is full
+// refuses a connection at once (EAGAIN, which Go counts as a timeout). A
+// request verifies it again only verifyTimeout after the last try began,
+// not in a loop, and gets its error at its limits.
+func TestVerifyAgainDoesNotSpin(t *testing.T) {
+	owner := fullQueue(t)
 	m := &Manager{}
 	start := time.Now()
-	_, err = m.sameNodePeer(limits(t, false), owner)
+	_, err := m.sameNodePeer(limits(t, false), owner)
 	requireGaveUp(t, err, false, time.Since(start))
 	require.LessOrEqual(t, m.verified.runs.Load(), uint64(2), "verifications run within 200 ms")
 }
