@@ -495,11 +495,12 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 			l := p.link
 			p.memMu.Unlock()
 			return l, nil
-		case !p.dialing && p.linkErr != nil && !p.redialDue() && !p.linkTimedOut:
-			err := p.linkErr
-			p.memMu.Unlock()
-			return nil, err
 		case !p.dialing && p.linkErr != nil && !p.redialDue():
+			if !p.linkTimedOut {
+				err := p.linkErr
+				p.memMu.Unlock()
+				return nil, err
+			}
 			// The owner took no connection or did not answer in time: it
 			// may be stopped or busy for a moment. The request waits
 			// within its limits for the next dial, as for a verification
