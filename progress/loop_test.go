@@ -57,6 +57,7 @@ type fakePort struct {
 	// its remote counter.
 	peerStream bool
 	waits      atomic.Int64 // wait calls
+	inWait     atomic.Bool  // a wait call is under way
 	reaps      atomic.Int64 // CQ reads, by reap or wait: rounds of progress
 }
 
@@ -166,6 +167,8 @@ func (f *fakePort) tryWait() (bool, error) { return true, nil }
 
 func (f *fakePort) block(ms int) (bool, error) {
 	f.waits.Add(1)
+	f.inWait.Store(true)
+	defer f.inWait.Store(false)
 	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 	defer t.Stop()
 	select {

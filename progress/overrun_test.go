@@ -175,30 +175,38 @@ func TestJobInflightBound(t *testing.T) {
 // every op complete: it ends with its deadline, not with the reap after
 // the wait, which is a call begun after it.
 func TestBlockedAcrossTheDeadline(t *testing.T) {
-	f := newFakePort()
-	f.canWait = true
-	// No spin: the loop waits on the descriptor as soon as it is idle, for
-	// as long as the test needs (its waits end by the test's signal).
-	l := newLoop(f, 64, PollPolicy{Spin: time.Nanosecond, MinSleep: time.Minute, MaxSleep: time.Minute}, zerolog.Nop())
-	go l.run()
-	defer l.Close(nil)
-	j := largeJob(8, 8<<20, time.Hour)
-	require.NoError(t, l.Submit(j))
-	require.Eventually(t, func() bool { return f.posted.Load() == 8 && l.sleeping.Load() },
-		10*time.Second, time.Millisecond, "the loop posted and waits")
-	// The deadline passes while it waits (it holds no lock meanwhile):
-	l.drive.Lock()
-	j.Deadline = time.Now().Add(-time.Millisecond)
-	l.drive.Unlock()
-	f.complete(-1)
-	f.signal()
-	select {
-	case <-j.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the job never ended")
+	for run := range 20 {
+		f := newFakePort()
+		f.canWait = true
+		// No spin: the loop waits on the descriptor as soon as it is idle, for
+		// as long as the test needs (its waits end by the test's signal).
+		l := newLoop(f, 64, PollPolicy{Spin: time.Nanosecond, MinSleep: time.Minute, MaxSleep: time.Minute}, zerolog.Nop())
+		go l.run()
+		j := largeJob(8, 8<<20, time.Hour)
+		require.NoError(t, l.Submit(j))
+		require.Eventually(t, func() bool { return f.posted.Load() == 8 && f.inWait.Load() },
+			10*time.Second, time.Millisecond, "run %d: the loop posted and waits", run)
+		// The deadline comes, and passes, while it waits (it holds no lock
+		// meanwhile). Set later than the loop's last look at it by more
+		// than deadlineGrain: a deadline that passed within the grain of
+		// a look may go unseen by the next call.
+		l.drive.Lock()
+		j.Deadline = time.Now().Add(time.Millisecond)
+		l.drive.Unlock()
+		time.Sleep(time.Until(j.Deadline))
+		require.True(t, f.inWait.Load(), "run %d: the loop woke before the test", run)
+		f.complete(-1)
+		f.signal()
+		select {
+		case <-j.done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d: the job never ended", run)
+		}
+		l.Close(nil)
+		require.NotEmpty(t, j.Errs, "run %d: nil %v after its deadline, %d of %d chunks completed",
+			run, time.Since(j.Deadline), j.Completed, len(j.Chunks))
+		assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded, "run %d", run)
 	}
-	require.NotEmpty(t, j.Errs, "nil %v after its deadline, %d of %d chunks completed", time.Since(j.Deadline), j.Completed, len(j.Chunks))
-	assert.ErrorIs(t, j.Errs[0], context.DeadlineExceeded)
 }
 
 // TestPostAcrossTheDeadline: a post that runs across a job's deadline
