@@ -43,8 +43,9 @@ type Job struct {
 	// Deadline, when not zero, finishes the job with a *TimeoutError
 	// (wrapping context.DeadlineExceeded) if it is not done by then. Past
 	// it the loop posts no more of a job of several chunks, and finishes
-	// it before it reaps again: only what the call under way at the
-	// deadline completes may still make it a success.
+	// it before it reaps again: only the call under way at the deadline,
+	// or one begun less than deadlineGrain after it (the loop looks at
+	// most that often), may still complete it and make it a success.
 	Deadline time.Time
 	// Tag is the submitter's; the loop does not touch it.
 	Tag any

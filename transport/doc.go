@@ -44,7 +44,9 @@
 // and at most 64 MiB of an op (or one chunk, when larger) is in flight on
 // an endpoint at once: what the deadline cannot stop, and what may go on
 // moving after ErrTimeout.
-// A transfer that call completed returns nil: its bytes are there.
+// A transfer that call completed returns nil: its bytes are there. So
+// does one completed by a call begun less than 50 µs after the deadline:
+// the loop looks at deadlines at most that often.
 //
 // # Rails
 //
