@@ -475,13 +475,18 @@ func (mm *memMap) unref() {
 // a goroutine of its own (startDial), which the request waits for within
 // t's limits: toward an owner that does not answer (stopped, say) a dial
 // takes up to a few verifyTimeouts. Past the limits it returns an
-// *awaitError; the dial goes on, for the next request.
+// *awaitError; the dial goes on, for the next request. The route's end
+// (the owner gone, or verified again) ends the wait with its own error.
 func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 	if l := p.up.Load(); l != nil && !l.done.Load() {
 		return l, nil // without memMu: every same-node op comes here
 	}
 	for {
 		p.memMu.Lock()
+		if p.memEnd == nil {
+			p.memEnd = make(chan struct{}) // closed by closeMem
+		}
+		ended := p.memEnd
 		switch {
 		case p.memDone && p.replaced.Load() && !p.gone.Load():
 			// This manager verified the owner again (reverify, evict): the
@@ -509,7 +514,7 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 			p.memMu.Unlock()
 			due := make(chan struct{})
 			tm := time.AfterFunc(retry, func() { close(due) })
-			err := t.waitFor(due)
+			err := t.waitFor(due, ended)
 			tm.Stop()
 			if err != nil {
 				return nil, &awaitError{what: "the owner's answer on the mem link", provider: mem.Name, pid: p.pid, cause: err}
@@ -521,7 +526,7 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 		}
 		dialed := p.dialed
 		p.memMu.Unlock()
-		if err := t.waitFor(dialed); err != nil {
+		if err := t.waitFor(dialed, ended); err != nil {
 			return nil, &awaitError{what: "the owner's answer on the mem link", provider: mem.Name, pid: p.pid, cause: err}
 		}
 	}

@@ -253,3 +253,64 @@ func TestVerifyAgainDoesNotSpin(t *testing.T) {
 	requireGaveUp(t, err, false, time.Since(start))
 	require.LessOrEqual(t, m.verified.runs.Load(), uint64(2), "verifications run within 200 ms")
 }
+
+// TestMemLinkWaitHearsTheRouteEnd: a request that waits for the mem
+// link's dial, the one under way (an owner's socket that takes the
+// connection and never answers) or the next one (an owner whose queue of
+// connections is full), hears the route's end: the owner gone
+// (ErrPeerGone, final) or verified again by this manager (memLinkEnded,
+// the new verification's route), not its own timeout. Its limits (1.5 s)
+// end before the dial's (verifyTimeout): until 2026-12-07 it waited them
+// out and got ErrTimeout.
+func TestMemLinkWaitHearsTheRouteEnd(t *testing.T) {
+	for _, wait := range []string{"the dial under way", "the next dial"} {
+		for _, end := range []string{"owner gone", "verified again"} {
+			t.Run(wait+"/"+end, func(t *testing.T) {
+				var owner ID
+				if wait == "the next dial" {
+					owner = fullQueue(t)
+				} else {
+					owner = newManagerID()
+					ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: verifySocket(owner), Net: "unixpacket"})
+					require.NoError(t, err)
+					t.Cleanup(func() { _ = ln.Close() }) // connections wait in its backlog, unanswered
+				}
+				p := &sameNodePeer{pid: os.Getpid(), owner: owner}
+				ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+				defer cancel()
+				res := make(chan error, 1)
+				go func() {
+					_, err := p.memLink(&reqTimes{ctx: ctx, timeout: DefaultTimeout})
+					res <- err
+				}()
+				require.Eventually(t, func() bool { // the request waits for a dial
+					p.memMu.Lock()
+					defer p.memMu.Unlock()
+					if wait == "the next dial" {
+						return p.linkDials == 1 && !p.dialing && p.linkErr != nil
+					}
+					return p.dialing
+				}, 10*time.Second, time.Millisecond)
+				if end == "verified again" {
+					p.replaced.Store(true)
+				} else {
+					p.gone.Store(true)
+				}
+				p.closeMem() // as watch does
+				var err error
+				select {
+				case err = <-res:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the request never returned")
+				}
+				require.NotErrorIs(t, err, ErrTimeout, "it waited out its limits")
+				if end == "verified again" {
+					var le *memLinkEnded
+					require.ErrorAs(t, err, &le)
+				} else {
+					require.ErrorIs(t, err, ErrPeerGone)
+				}
+			})
+		}
+	}
+}

@@ -144,6 +144,7 @@ type sameNodePeer struct {
 	linkRetry    time.Time
 	linkDials    int
 	memDone      bool
+	memEnd       chan struct{} // closed as memDone is set (closeMem); made by memLink, under memMu
 	dialing      bool          // a link is being set up (startDial)
 	dialed       chan struct{} // closed when that is done
 	owner        ID
@@ -318,6 +319,9 @@ func (p *sameNodePeer) endAnnouncement() {
 func (p *sameNodePeer) closeMem() {
 	p.memMu.Lock()
 	l := p.link
+	if p.memEnd != nil && !p.memDone {
+		close(p.memEnd) // requests waiting for a dial hear it
+	}
 	p.link, p.memDone = nil, true
 	p.up.Store(nil)
 	p.memMu.Unlock()
@@ -864,7 +868,7 @@ func (m *Manager) verifyAgain(t *reqTimes, v *verification) error {
 		ch := make(chan struct{})
 		tm := time.AfterFunc(wait, func() { close(ch) })
 		defer tm.Stop()
-		if err := t.waitFor(ch); err != nil {
+		if err := t.waitFor(ch, nil); err != nil {
 			return awaitingVerification(err)
 		}
 	}
@@ -882,7 +886,7 @@ func (m *Manager) await(t *reqTimes, v *verification, owner ID, gonePID int) err
 		return nil
 	}
 	v.start.Do(func() { go m.verify(v, owner, gonePID) })
-	if err := t.waitFor(v.ready); err != nil {
+	if err := t.waitFor(v.ready, nil); err != nil {
 		return awaitingVerification(err)
 	}
 	return nil
@@ -945,7 +949,7 @@ func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodeP
 	if v != nil {
 		// A verification under way finishes first (its starter, which
 		// made it, starts it at once).
-		if err := t.waitFor(v.ready); err != nil {
+		if err := t.waitFor(v.ready, nil); err != nil {
 			return nil, awaitingVerification(err)
 		}
 		m.verified.mu.Lock()

@@ -377,12 +377,15 @@ func (t *reqTimes) get() (start, deadline time.Time) {
 	return t.start, t.deadline
 }
 
-// waitFor waits until ch is closed, or until the request's context or
-// deadline ends, or its manager closes: it then returns the context's
-// error, or context.DeadlineExceeded at the deadline, or ErrClosed.
-func (t *reqTimes) waitFor(ch <-chan struct{}) error {
+// waitFor waits until ch or or (nil: none) is closed, or until the
+// request's context or deadline ends, or its manager closes: it then
+// returns the context's error, or context.DeadlineExceeded at the
+// deadline, or ErrClosed.
+func (t *reqTimes) waitFor(ch, or <-chan struct{}) error {
 	select {
 	case <-ch:
+		return nil
+	case <-or:
 		return nil
 	default:
 	}
@@ -391,6 +394,8 @@ func (t *reqTimes) waitFor(ch <-chan struct{}) error {
 	defer timer.Stop()
 	select {
 	case <-ch:
+		return nil
+	case <-or:
 		return nil
 	case <-t.ctx.Done():
 		return t.ctx.Err()
