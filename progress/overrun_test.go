@@ -2,7 +2,6 @@ package progress
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,38 +79,49 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 	}
 }
 
-// TestWaitAcrossALongCall is TestLongCallAcrossTheDeadline through Wait
-// with the loop's goroutine running, as a request waits: once a round
-// posts nothing more, the next two reaps take 100 ms each, the first
-// completing nothing, the second every op posted. Each run ends with the job's
-// deadline. Before the fix, 19 runs of 20 returned nil (with 390 ms
-// reaps).
+// TestWaitAcrossALongCall is TestLongCallAcrossTheDeadline through Wait,
+// as a request waits. A 64 MiB job is all in flight (the most of a job
+// that may be); its deadline is set 20 ms ahead and a round's reap takes
+// 100 ms, completing nothing; then Wait drives, and its first reap would
+// take 100 ms more and complete every op posted. Each run ends with the
+// job's deadline. No goroutine of the loop's runs: Wait must drive (a
+// waiter that finds another goroutine in a long call expires the job
+// itself at its deadline), and the deadline starts after the posts, so
+// that a slow start cannot pass the test without its long calls. Without
+// the loop's checks by a fresh clock (checkMulti), every run returns nil
+// 180 ms after the deadline.
 func TestWaitAcrossALongCall(t *testing.T) {
 	for run := range 10 {
 		f := newFakePort()
-		var long atomic.Int32
-		var seen int64 // ops posted at the last reap (under the drive lock)
-		sp := &scriptedPort{fakePort: f, beforeReap: func(f *fakePort) {
-			if p := f.posted.Load(); p == 0 || p != seen {
-				seen = p
-				return // not yet every op that may go out at once
-			}
-			switch long.Add(1) {
+		sp := &scriptedPort{fakePort: f, beforeReap: func(*fakePort) {}}
+		l := newLoop(sp, 64, DefaultPollPolicy, zerolog.Nop())
+		j := largeJob(int(jobInflight/(8<<20)), 8<<20, time.Hour) // all of it in flight at once
+		require.NoError(t, l.Submit(j))
+		l.drive.Lock()
+		now := monoNow()
+		for l.iterate(now) { // posts while it may
+			now = monoNow()
+		}
+		require.EqualValues(t, len(j.Chunks), f.posted.Load(), "run %d: in flight at once", run)
+		long := 0 // under the drive lock
+		sp.beforeReap = func(f *fakePort) {
+			switch long++; long {
 			case 1:
 				time.Sleep(100 * time.Millisecond)
 			case 2:
 				time.Sleep(100 * time.Millisecond)
 				f.complete(-1)
 			}
-		}}
-		l := newLoop(sp, 64, DefaultPollPolicy, zerolog.Nop())
-		go l.run()
-		j := largeJob(32, 8<<20, 20*time.Millisecond)
-		ctx, cancel := context.WithDeadline(context.Background(), j.Deadline)
-		require.NoError(t, l.Submit(j))
-		err := l.Wait(ctx, j)
-		cancel()
-		l.Close(nil)
+		}
+		// The deadline passes inside this round's reap, whatever the
+		// machine's load: the test's own call. The round has the clock of
+		// the round before, as Wait gives it after a round that did
+		// nothing.
+		j.Deadline = time.Now().Add(20 * time.Millisecond)
+		l.iterate(now)
+		require.False(t, j.finished, "run %d: the round of the long call ended the job", run)
+		l.drive.Unlock()
+		err := l.Wait(context.Background(), j)
 		require.NoError(t, err, "run %d: Wait", run) // the job's errors are its own
 		require.NotEmpty(t, j.Errs, "run %d: nil %v after the deadline, %d of %d chunks completed",
 			run, time.Since(j.Deadline), j.Completed, len(j.Chunks))
