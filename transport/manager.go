@@ -793,9 +793,11 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		case err != nil:
 		case linkErr != nil:
 			rt.gone = peerGoneOf(linkErr)
-			if rt.gone == nil && errors.Is(linkErr, errNoAnswer) {
-				// Nobody answered the dial: the owner may have died since
-				// its verification.
+			var refused *memAnswerError
+			if rt.gone == nil && !errors.As(linkErr, &refused) {
+				// The dial failed (nobody answered, the connection
+				// ended, another process answers): the owner may have
+				// died since its verification.
 				if gone, why := proc.Gone(peer.pid); gone {
 					rt.gone = &progress.PeerGoneError{Peer: cma.Peer(peer.pid), Cause: why}
 				}

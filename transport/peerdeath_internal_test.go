@@ -120,57 +120,68 @@ func TestVerifierBoundsConnections(t *testing.T) {
 
 // TestLinkToAnOwnerThatDied: an owner verified before (here a child that
 // has exited and is not reaped: a zombie), whose link this manager dials
-// before it hears of the death, answers no dial: the op fails with
-// ErrPeerGone, naming the process and how it is known to be gone, not
-// with "no route" because the link failed. Nothing moves.
+// before it hears of the death, answers no dial: nobody listens on its
+// verifier socket, or another process does (the dial ends with another
+// failure than no answer, as one whose owner died while it waited for
+// the owner's proof). The op fails with ErrPeerGone, naming the process
+// and how it is known to be gone, not with "no route" because the link
+// failed. Nothing moves. Until 2026-12-07 the second case was ErrNoRoute.
 func TestLinkToAnOwnerThatDied(t *testing.T) {
 	testenv.RequireRoute(t, testenv.RouteMem)
-	m, err := New(context.Background(), WithProviders(testenv.RouteMem))
-	require.NoError(t, err)
-	defer m.Close()
-	child := exec.Command("true")
-	require.NoError(t, child.Start())
-	defer child.Wait()
-	pid := child.Process.Pid
-	require.Eventually(t, func() bool { gone, _ := proc.Gone(pid); return gone }, 10*time.Second, time.Millisecond,
-		"the child never exited")
+	for _, socket := range []string{"nobody listens", "another process listens"} {
+		t.Run(socket, func(t *testing.T) {
+			m, err := New(context.Background(), WithProviders(testenv.RouteMem))
+			require.NoError(t, err)
+			defer m.Close()
+			child := exec.Command("true")
+			require.NoError(t, child.Start())
+			defer child.Wait()
+			pid := child.Process.Pid
+			require.Eventually(t, func() bool { gone, _ := proc.Gone(pid); return gone }, 10*time.Second, time.Millisecond,
+				"the child never exited")
 
-	// Its verification as it was while it lived, over a connection whose
-	// end this manager has not read yet; nobody listens on its verifier
-	// socket now.
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	unix.Close(pair[1])
-	f := os.NewFile(uintptr(pair[0]), "verified")
-	conn, err := net.FileConn(f)
-	f.Close()
-	require.NoError(t, err)
-	owner, guard := newManagerID(), guardLoc{table: 1 << 20, key: 7}
-	v := &verification{peer: &sameNodePeer{pid: pid, owner: owner, cma: guard, conn: conn.(*net.UnixConn)}, ready: make(chan struct{})}
-	close(v.ready)
-	v.done.Store(true)
-	m.verified.mu.Lock()
-	if m.verified.byID == nil {
-		m.verified.byID = map[ID]*verification{}
+			// Its verification as it was while it lived, over a connection
+			// whose end this manager has not read yet.
+			pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+			require.NoError(t, err)
+			unix.Close(pair[1])
+			f := os.NewFile(uintptr(pair[0]), "verified")
+			conn, err := net.FileConn(f)
+			f.Close()
+			require.NoError(t, err)
+			owner, guard := newManagerID(), guardLoc{table: 1 << 20, key: 7}
+			if socket == "another process listens" { // this one: its credentials are not the owner's
+				ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: verifySocket(owner), Net: "unixpacket"})
+				require.NoError(t, err)
+				defer ln.Close()
+			}
+			v := &verification{peer: &sameNodePeer{pid: pid, owner: owner, cma: guard, conn: conn.(*net.UnixConn)}, ready: make(chan struct{})}
+			close(v.ready)
+			v.done.Store(true)
+			m.verified.mu.Lock()
+			if m.verified.byID == nil {
+				m.verified.byID = map[ID]*verification{}
+			}
+			m.verified.byID[owner] = v
+			m.verified.mu.Unlock()
+			h := RemoteBuffer{node: m.node, owner: owner, id: 1, n: 64, size: 64, access: mr.ReadWrite, eps: []remoteEP{{
+				provider: mem.Name, name: cma.ProcName(pid), base: 1 << 20,
+				guard: &guardRef{table: guard.table, key: guard.key, slot: 0, gen: 1},
+			}}}
+
+			b, err := mr.Alloc(64)
+			require.NoError(t, err)
+			defer func() { _ = mr.Free(b) }()
+			local, err := m.Register(b, mr.ReadWrite)
+			require.NoError(t, err)
+			defer local.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = m.ReadInto(ctx, local, h)
+			require.ErrorIs(t, err, ErrPeerGone)
+			assert.Contains(t, err.Error(), cma.Peer(pid))
+			assert.Contains(t, err.Error(), "zombie", "the error says how the owner is known to be gone")
+			assert.Equal(t, make([]byte, 64), b, "nothing moved")
+		})
 	}
-	m.verified.byID[owner] = v
-	m.verified.mu.Unlock()
-	h := RemoteBuffer{node: m.node, owner: owner, id: 1, n: 64, size: 64, access: mr.ReadWrite, eps: []remoteEP{{
-		provider: mem.Name, name: cma.ProcName(pid), base: 1 << 20,
-		guard: &guardRef{table: guard.table, key: guard.key, slot: 0, gen: 1},
-	}}}
-
-	b, err := mr.Alloc(64)
-	require.NoError(t, err)
-	defer func() { _ = mr.Free(b) }()
-	local, err := m.Register(b, mr.ReadWrite)
-	require.NoError(t, err)
-	defer local.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = m.ReadInto(ctx, local, h)
-	require.ErrorIs(t, err, ErrPeerGone)
-	assert.Contains(t, err.Error(), cma.Peer(pid))
-	assert.Contains(t, err.Error(), "zombie", "the error says how the owner is known to be gone")
-	assert.Equal(t, make([]byte, 64), b, "nothing moved")
 }
