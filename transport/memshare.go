@@ -511,6 +511,7 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 			// within its limits for the next dial, as for a verification
 			// that timed out (verifyAgain), and ends as its own timeout.
 			retry := time.Until(p.linkRetry)
+			p.linkWaits++
 			p.memMu.Unlock()
 			due := make(chan struct{})
 			tm := time.AfterFunc(retry, func() { close(due) })

@@ -287,7 +287,7 @@ func TestMemLinkWaitHearsTheRouteEnd(t *testing.T) {
 					p.memMu.Lock()
 					defer p.memMu.Unlock()
 					if wait == "the next dial" {
-						return p.linkDials == 1 && !p.dialing && p.linkErr != nil
+						return p.linkWaits == 1
 					}
 					return p.dialing
 				}, 10*time.Second, time.Millisecond)

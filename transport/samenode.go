@@ -139,10 +139,12 @@ type sameNodePeer struct {
 	linkAt  time.Time
 	// linkTimedOut: linkErr is a timeout (the owner took no connection,
 	// or did not answer within verifyTimeout), dialed again from
-	// linkRetry on; linkDials counts the dials (tests).
+	// linkRetry on; linkDials counts the dials, linkWaits the requests'
+	// waits for linkRetry (tests).
 	linkTimedOut bool
 	linkRetry    time.Time
 	linkDials    int
+	linkWaits    int
 	memDone      bool
 	memEnd       chan struct{} // closed as memDone is set (closeMem); made by memLink, under memMu
 	dialing      bool          // a link is being set up (startDial)
