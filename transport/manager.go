@@ -711,11 +711,16 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		}
 		if err == nil && sameNodeOK() {
 			link, linkErr = peer.memLink(t)
-			if peer.replaced.Load() {
-				// This manager verified the owner again since it took
-				// peer (reverify, evict), and ends peer's link: the new
-				// verification's. (A verification that fails is err's,
-				// below: the old link's outcome is not this peer's.)
+			// This manager verified the owner again since it took peer
+			// (reverify, evict), and ended peer's link: the new
+			// verification's, which may have been replaced in turn
+			// (evictions have no limit), within the request's limits.
+			// (A verification that fails is err's, below: the old link's
+			// outcome is not this peer's.)
+			for err == nil && peer.replaced.Load() {
+				if lerr := t.err(); lerr != nil {
+					return rt, awaitingVerification(lerr)
+				}
 				link, linkErr = nil, nil
 				if peer, err = m.sameNodePeer(t, r.owner); err == nil {
 					if memEP != nil {

@@ -487,13 +487,15 @@ func (p *sameNodePeer) memLink(t *reqTimes) (*memLink, error) {
 			p.memEnd = make(chan struct{}) // closed by closeMem
 		}
 		ended := p.memEnd
+		// replaced and gone are set before closeMem runs (watch): no dial
+		// for a verification that is over.
 		switch {
-		case p.memDone && p.replaced.Load() && !p.gone.Load():
+		case p.replaced.Load() && !p.gone.Load():
 			// This manager verified the owner again (reverify, evict): the
 			// new verification has the link (route takes it).
 			p.memMu.Unlock()
 			return nil, &memLinkEnded{pid: p.pid}
-		case p.memDone:
+		case p.memDone || p.gone.Load():
 			p.memMu.Unlock()
 			return nil, peerGone(p.pid)
 		case p.link != nil && !p.link.done.Load():

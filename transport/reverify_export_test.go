@@ -17,7 +17,7 @@ import (
 // endpoint of its owner than the one the owner told when it was verified,
 // as a handle the owner issued after replacing its shm endpoint would
 // (or a forged one): a manager that routes it verifies the owner again
-// (Manager.reverify), at most once per verification every reverifyAfter.
+// (Manager.reverify), at most once per owner every reverifyAfter.
 // It is a handle as received: it remembers no route (memo), so its op
 // routes it.
 func OtherShmAddress(h RemoteBuffer) (RemoteBuffer, error) {
@@ -148,3 +148,6 @@ func VerificationsUnderWay(m *Manager) int {
 	}
 	return n
 }
+
+// VerificationsRun counts the verifications of owners m has run.
+func VerificationsRun(m *Manager) uint64 { return m.verified.runs.Load() }

@@ -254,3 +254,107 @@ func TestRedoAfterCloseVerifiesNobody(t *testing.T) {
 	require.ErrorIs(t, redoErr, transport.ErrClosed)
 	require.Zero(t, verified, "owners verified after Close")
 }
+
+// TestVerificationChurn: ops with a good handle keep succeeding, with
+// their bytes, while other ops make this manager verify the owner again
+// and again: ops with a handle that disagrees with the owner's shm
+// address (reverify, at most once per owner every reverifyAfter however
+// many ops ask), or evictions from its table of verified owners (no
+// limit). Each op routes its handle (as received), so each may meet a
+// verification that another replaced. Until 2026-12-07 an op whose
+// route took the new verification and found it replaced in turn failed
+// with ErrNoRoute (final) toward a live owner, and the limit on verifying
+// again was kept on the verification replaced, so that the next op with
+// a disagreeing handle asked again (2,244 verifications in 5 s).
+func TestVerificationChurn(t *testing.T) {
+	testenv.RequireRoute(t, testenv.RouteMem)
+	testenv.RequireRoute(t, testenv.RouteSHM)
+	const (
+		n       = 4096
+		readers = 4
+		ops     = 300 // each reader's
+	)
+	for _, churn := range []string{"handles that disagree", "evictions"} {
+		t.Run(churn, func(t *testing.T) {
+			provs := []string{testenv.RouteMem, testenv.RouteSHM}
+			peer := testpeer.Start(t, provs...)
+			m := newManager(t, transport.WithProviders(provs...))
+			ctx := ctxTimeout(t, 2*time.Minute)
+			h := peer.Register(n, mr.ReadWrite, 1)
+			want := testpeer.Pattern(n, 1)
+			other, err := transport.OtherShmAddress(h)
+			require.NoError(t, err)
+			start := time.Now()
+
+			var failed atomic.Int64
+			var firstMu sync.Mutex
+			var first []string
+			fail := func(who string, err error) {
+				failed.Add(1)
+				firstMu.Lock()
+				defer firstMu.Unlock()
+				if len(first) < 3 {
+					first = append(first, fmt.Sprintf("%s: %v (retryable: %v)", who, err, transport.Retryable(err)))
+				}
+			}
+			// read reads h, as received, into a buffer of its own until
+			// done says so.
+			read := func(who string, h transport.RemoteBuffer, done func(i int) bool) {
+				wire, err := h.MarshalBinary()
+				require.NoError(t, err)
+				local := register(t, m, alloc(t, n), 0)
+				for i := 0; !done(i); i++ {
+					var hh transport.RemoteBuffer
+					require.NoError(t, hh.UnmarshalBinary(wire))
+					clear(local.Bytes())
+					switch err := m.ReadInto(ctx, local, hh); {
+					case err != nil:
+						fail(who, err)
+					case !bytes.Equal(want, local.Bytes()):
+						fail(who, errors.New("nil with other bytes"))
+					}
+				}
+			}
+
+			var stop atomic.Bool
+			var churners sync.WaitGroup
+			for i := range readers {
+				churners.Add(1)
+				go func() {
+					defer churners.Done()
+					if churn == "evictions" {
+						if i == 0 {
+							for !stop.Load() {
+								transport.EvictVerifiedOwners(m)
+							}
+						}
+						return
+					}
+					read(fmt.Sprintf("disagreeing reader %d", i), other, func(int) bool { return stop.Load() })
+				}()
+			}
+			var good sync.WaitGroup
+			for i := range readers {
+				good.Add(1)
+				go func() {
+					defer good.Done()
+					read(fmt.Sprintf("reader %d", i), h, func(i int) bool { return i == ops })
+				}()
+			}
+			good.Wait()
+			stop.Store(true)
+			churners.Wait()
+			took := time.Since(start)
+
+			firstMu.Lock()
+			defer firstMu.Unlock()
+			require.Zero(t, failed.Load(), "ops failed while the owner lives: %v", first)
+			runs := transport.VerificationsRun(m)
+			t.Logf("%d verifications in %v", runs, took.Round(time.Millisecond))
+			if churn == "handles that disagree" {
+				// The first, and one every reverifyAfter (a second) since.
+				require.LessOrEqual(t, runs, uint64(2+took/time.Second), "verifications in %v", took)
+			}
+		})
+	}
+}

@@ -124,8 +124,7 @@ type sameNodePeer struct {
 	// to forget the owner); the owner is not gone, so what shm holds for
 	// it stays, and gone stays unset: an op that meets its ended link
 	// asks the OS whether the owner died (memLink.alive).
-	replaced   atomic.Bool
-	reverified time.Time // when a disagreeing handle last made the manager ask again; under peers.mu
+	replaced atomic.Bool
 
 	// The mem route to it: link, or why not since linkAt (a failed
 	// link is dialed again after memRedial, one that timed out
@@ -673,10 +672,14 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 // peers caches the verification of owners, by manager ID: a failure is
 // kept too (the owner's manager, its uid and its namespaces do not change).
 type peers struct {
-	mu     sync.Mutex
-	byID   map[ID]*verification
-	closed bool          // the manager closed: a verification that ends now ends its connection
-	runs   atomic.Uint64 // verifications run (tests)
+	mu   sync.Mutex
+	byID map[ID]*verification
+	// reverified: when a disagreeing handle last made the manager verify
+	// an owner again (reverify), by owner: the verification it makes is
+	// new, and a limit kept on it would let the next op ask again.
+	reverified map[ID]time.Time
+	closed     bool          // the manager closed: a verification that ends now ends its connection
+	runs       atomic.Uint64 // verifications run (tests)
 }
 
 // verification is one verification of an owner. It runs in a goroutine
@@ -942,11 +945,10 @@ func peerGone(pid int) *progress.PeerGoneError {
 func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodePeer, error) {
 	m.verified.mu.Lock()
 	v := m.verified.byID[owner]
-	if time.Since(old.reverified) < reverifyAfter {
+	if !m.verified.mayReverify(owner, time.Now()) {
 		m.verified.mu.Unlock()
 		return old, nil // asked it again a moment ago: the handle is what disagrees
 	}
-	old.reverified = time.Now()
 	m.verified.mu.Unlock()
 	if v != nil {
 		// A verification under way finishes first (its starter, which
@@ -963,6 +965,28 @@ func (m *Manager) reverify(t *reqTimes, owner ID, old *sameNodePeer) (*sameNodeP
 	old.replaced.Store(true)
 	_ = old.conn.Close()
 	return m.sameNodePeer(t, owner)
+}
+
+// mayReverify reports whether owner may be verified again at now (at most
+// every reverifyAfter), and if so notes it. Under p.mu.
+func (p *peers) mayReverify(owner ID, now time.Time) bool {
+	if at, ok := p.reverified[owner]; ok && now.Sub(at) < reverifyAfter {
+		return false
+	}
+	if p.reverified == nil {
+		p.reverified = map[ID]time.Time{}
+	}
+	if len(p.reverified) >= maxVerified {
+		// Owners asked again are verified ones (a forged owner fails its
+		// verification first): few within reverifyAfter.
+		for id, at := range p.reverified {
+			if now.Sub(at) >= reverifyAfter {
+				delete(p.reverified, id)
+			}
+		}
+	}
+	p.reverified[owner] = now
+	return true
 }
 
 // shmMismatch says why own, this manager's first shm endpoint, must not
