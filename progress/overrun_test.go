@@ -44,7 +44,8 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			f := newFakePort()
-			l := newLoop(f, 64, DefaultPollPolicy, zerolog.Nop())
+			sp := &scriptedPort{fakePort: f, beforeReap: func(*fakePort) {}}
+			l := newLoop(sp, 64, DefaultPollPolicy, zerolog.Nop())
 			j := largeJob(32, 8<<20, time.Hour)
 			require.NoError(t, l.Submit(j))
 			l.drive.Lock()
@@ -55,14 +56,18 @@ func TestLongCallAcrossTheDeadline(t *testing.T) {
 			}
 			before := f.posted.Load()
 			assert.EqualValues(t, jobInflight/(8<<20), before, "in flight at once")
-			j.Deadline = time.Now().Add(100 * time.Millisecond) // from here: a slow start is not the test's
 
-			f.slow = time.Until(j.Deadline) + 5*time.Millisecond // the long call
+			// The long call: the deadline comes and passes inside it,
+			// whatever the machine's load.
+			sp.beforeReap = func(*fakePort) {
+				sp.beforeReap = func(*fakePort) {}
+				j.Deadline = time.Now().Add(100 * time.Millisecond)
+				time.Sleep(105 * time.Millisecond)
+			}
 			f.complete(2)
 			l.iterate(now)
 			require.False(t, j.finished, "the round of the long call ended the job")
 			require.Equal(t, 2, j.Completed)
-			f.slow = 0
 			f.complete(-1) // the next reap would complete every op posted, and the round posts first
 			if fresh {
 				now = monoNow()
@@ -106,18 +111,17 @@ func TestWaitAcrossALongCall(t *testing.T) {
 		long := 0 // under the drive lock
 		sp.beforeReap = func(f *fakePort) {
 			switch long++; long {
-			case 1:
+			case 1: // the deadline comes and passes inside it, whatever the load
+				j.Deadline = time.Now().Add(20 * time.Millisecond)
 				time.Sleep(100 * time.Millisecond)
 			case 2:
 				time.Sleep(100 * time.Millisecond)
 				f.complete(-1)
 			}
 		}
-		// The deadline passes inside this round's reap, whatever the
-		// machine's load: the test's own call. The round has the clock of
-		// the round before, as Wait gives it after a round that did
-		// nothing.
-		j.Deadline = time.Now().Add(20 * time.Millisecond)
+		// This round's reap is the first long call, the test's own. The
+		// round has the clock of the round before, as Wait gives it after
+		// a round that did nothing.
 		l.iterate(now)
 		require.False(t, j.finished, "run %d: the round of the long call ended the job", run)
 		l.drive.Unlock()
@@ -130,10 +134,19 @@ func TestWaitAcrossALongCall(t *testing.T) {
 }
 
 // scriptedPort is a fakePort that runs beforeReap (under the loop's drive
-// lock) before each reap: a test's long call, or its completions.
+// lock) before each reap, and beforePost, when set, before each post: a
+// test's long call, or its completions.
 type scriptedPort struct {
 	*fakePort
 	beforeReap func(*fakePort)
+	beforePost func(*fakePort)
+}
+
+func (s *scriptedPort) post(n int) (int, error) {
+	if s.beforePost != nil {
+		s.beforePost(s.fakePort)
+	}
+	return s.fakePort.post(n)
 }
 
 func (s *scriptedPort) reap() ([]uint32, error) {
@@ -143,23 +156,29 @@ func (s *scriptedPort) reap() ([]uint32, error) {
 
 // TestJobInflightBound: a job has at most jobInflight bytes in flight (or
 // one chunk, when larger), whatever the slots and the round's budget
-// allow, and still completes every chunk; a job of small chunks is not
-// held back by it.
+// allow, and still completes every chunk. The bound is in bytes, not in
+// chunks of the first one's size: a job whose first chunk is small has no
+// more in flight than one whose chunks are all large.
 func TestJobInflightBound(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		chunks int
 		size   uint64
+		first  uint64 // the first chunk's size, when not size
 		window int
 	}{
-		{"8 MiB chunks", 40, 8 << 20, 8},
-		{"chunks larger than the bound", 5, 100 << 20, 1},
-		{"48 MiB chunks", 5, 48 << 20, 1},
-		{"64 KiB chunks", 2000, 64 << 10, 1024},
+		{"8 MiB chunks", 40, 8 << 20, 0, 8},
+		{"chunks larger than the bound", 5, 100 << 20, 0, 1},
+		{"48 MiB chunks", 5, 48 << 20, 0, 1},
+		{"64 KiB chunks", 2000, 64 << 10, 0, 1024},
+		{"a 64 KiB chunk, then 8 MiB ones", 40, 8 << 20, 64 << 10, 8},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			l, f := testLoop(t, 4096, false)
 			j := largeJob(tt.chunks, tt.size, time.Hour)
+			if tt.first != 0 {
+				j.Chunks[0].Len = tt.first
+			}
 			require.NoError(t, l.Submit(j))
 			most := 0
 			for range 100000 {
@@ -241,9 +260,12 @@ func TestPostAcrossTheDeadline(t *testing.T) {
 	f.complete(2)
 	l.iterate(monoNow()) // room for the last two
 	require.Equal(t, 2, j.Completed)
-	j.Deadline = time.Now().Add(100 * time.Millisecond)
-	f.slowPost = (time.Until(j.Deadline) + 5*time.Millisecond) / 2 // the two posts end past it
-	sp.beforeReap = func(f *fakePort) { f.complete(-1) }           // and the reap after them completes all
+	sp.beforePost = func(*fakePort) { // the deadline comes and passes inside the post, whatever the load
+		sp.beforePost = nil
+		j.Deadline = time.Now().Add(100 * time.Millisecond)
+		time.Sleep(105 * time.Millisecond)
+	}
+	sp.beforeReap = func(f *fakePort) { f.complete(-1) } // and the reap after them completes all
 	l.iterate(monoNow())
 	require.EqualValues(t, window+2, f.posted.Load(), "the last chunks were posted")
 	require.True(t, j.finished)
