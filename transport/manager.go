@@ -682,8 +682,8 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		if err == nil && shmEP != nil && peer.shmName != nil && string(shmEP.name) != string(peer.shmName) {
 			// A handle newer than what the owner told: it may have
 			// replaced its shm endpoint since. Ask it again (at most
-			// every reverifyAfter: a forged handle must not make every
-			// op a verification).
+			// once per owner every reverifyAfter: a forged handle must
+			// not make every op a verification).
 			peer, err = m.reverify(t, r.owner, peer)
 		}
 		// Every same-node route needs the link to the owner: the mem
