@@ -154,7 +154,11 @@ func (m *Manager) markShmPart(x *libfabric.Xfer, o *opSpec, l *memLink) error {
 	k := cma.Mark{Use: &l.uses[slot], Ended: &l.done} // checksLink bounded the slot
 	switch err := k.Begin(l.genWord(slot), o.ep.guard.gen); {
 	case errors.Is(err, cma.ErrUnmarked):
-		return m.linkEndedErr(o.op, o.b.Name(), o.peer, l)
+		err := m.linkEndedErr(o.op, o.b.Name(), o.peer, l)
+		if gone := peerGoneOf(err); gone != nil {
+			gone.Peer = o.b.Addr(o.ep.name) // as the shm route's other errors name it
+		}
+		return err
 	case err != nil:
 		return fmt.Errorf("%s: %w: buffer %d was closed by its owner", o.op, ErrStaleHandle, o.remote.id)
 	}

@@ -792,6 +792,7 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 				rt.gone.Provider = cma.Name
 			default:
 				rt.gone.Provider = bs.sameNode.Name()
+				rt.gone.Peer = bs.sameNode.Addr(shmEP.name) // as the shm route's other errors name it
 			}
 		}
 		switch {
