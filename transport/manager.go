@@ -712,14 +712,17 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 		if err == nil && sameNodeOK() {
 			link, linkErr = peer.memLink(t)
 			// This manager verified the owner again since it took peer
-			// (reverify, evict), and ended peer's link: the new
-			// verification's, which may have been replaced in turn
-			// (evictions have no limit), within the request's limits.
-			// (A verification that fails is err's, below: the old link's
-			// outcome is not this peer's.)
-			for err == nil && peer.replaced.Load() {
-				if lerr := t.err(); lerr != nil {
-					return rt, awaitingVerification(lerr)
+			// (reverify, evict, or the owner asked), and ended peer's
+			// link: the new verification's, which may have been replaced
+			// in turn, up to maxRetake times: an owner that asks to be
+			// verified again at every dial must not keep a request
+			// verifying it until its deadline. (A verification that
+			// fails is err's, below: the old link's outcome is not this
+			// peer's.)
+			for again := 0; err == nil && peer.replaced.Load(); again++ {
+				if again == maxRetake {
+					linkErr = &memLinkEnded{pid: peer.pid}
+					break
 				}
 				link, linkErr = nil, nil
 				if peer, err = m.sameNodePeer(t, r.owner); err == nil {
@@ -808,9 +811,18 @@ func (m *Manager) route(r *RemoteBuffer, pin int, t *reqTimes) (routed, error) {
 					rt.gone = &progress.PeerGoneError{Peer: cma.Peer(peer.pid), Cause: why}
 				}
 			}
-			if rt.gone != nil {
+			switch {
+			case rt.gone != nil:
 				rt.gone.Provider = m.sameNodeRoute(memEP != nil, cmaOK)
-			} else {
+				if !(memEP != nil || cmaOK) && shmEP != nil && bs.sameNode != nil {
+					rt.gone.Peer = bs.sameNode.Addr(shmEP.name)
+				}
+			case linkEnded(linkErr):
+				// Verified again maxRetake times while it routed: nothing
+				// moved, and a request made again takes the verification
+				// that stands then (Retryable).
+				return rt, linkErr
+			default:
 				rt.noShm = fmt.Sprintf("no same-node route to process %d: the link its Close waits for this manager's ops through failed (%v)", peer.pid, linkErr)
 			}
 		case memEP != nil:

@@ -600,6 +600,21 @@ func dialMem(p *sameNodePeer) (*memLink, error) {
 		return nil, fmt.Errorf("%w (%v)", errNoAnswer, errors.Unwrap(err))
 	}
 	c := nc.(*net.UnixConn)
+	// closeMem ends the dial too: a route that ended must not leave it
+	// waiting for the owner's answer up to verifyTimeout.
+	p.memMu.Lock()
+	if p.memDone {
+		p.memMu.Unlock()
+		_ = c.Close()
+		return nil, fmt.Errorf("link to process %d: the mem route was closed", p.pid)
+	}
+	p.dialConn = c
+	p.memMu.Unlock()
+	defer func() {
+		p.memMu.Lock()
+		p.dialConn = nil
+		p.memMu.Unlock()
+	}()
 	fail := func(format string, a ...any) (*memLink, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("link to process %d: "+format, append([]any{p.pid}, a...)...)

@@ -146,6 +146,7 @@ type sameNodePeer struct {
 	linkWaits    int
 	memDone      bool
 	memEnd       chan struct{} // closed as memDone is set (closeMem); made by memLink, under memMu
+	dialConn     *net.UnixConn // the connection of the dial under way, for closeMem to end; under memMu
 	dialing      bool          // a link is being set up (startDial)
 	dialed       chan struct{} // closed when that is done
 	owner        ID
@@ -322,6 +323,9 @@ func (p *sameNodePeer) closeMem() {
 	l := p.link
 	if p.memEnd != nil && !p.memDone {
 		close(p.memEnd) // requests waiting for a dial hear it
+	}
+	if p.dialConn != nil {
+		_ = p.dialConn.Close() // the dial ends now, not at its timeout
 	}
 	p.link, p.memDone = nil, true
 	p.up.Store(nil)
@@ -739,6 +743,9 @@ const (
 	// reverifyAfter is how often at most a handle that disagrees with a
 	// verification makes the manager ask the owner again.
 	reverifyAfter = time.Second
+	// maxRetake is how many verifications of an owner replacing the one
+	// it took a request takes in turn while it routes (route).
+	maxRetake = 2
 )
 
 // entry returns the verification of owner, a new one when there is none
