@@ -313,15 +313,13 @@ func TestVerificationChurn(t *testing.T) {
 					first = append(first, fmt.Sprintf("%s: %v (retryable: %v)", who, err, transport.Retryable(err)))
 				}
 			}
-			// read reads h, as received, into a buffer of its own until
-			// done says so.
-			read := func(who string, h transport.RemoteBuffer, done func(i int) bool) {
+			// read reads h, as received, into local until done says so.
+			read := func(who string, h transport.RemoteBuffer, local *transport.Buffer, done func(i int) bool) {
 				wire, err := h.MarshalBinary()
 				if err != nil {
 					fail(who, err)
 					return
 				}
-				local := register(t, m, alloc(t, n), 0)
 				for i := 0; !done(i); i++ {
 					var received transport.RemoteBuffer
 					if err := received.UnmarshalBinary(wire); err != nil {
@@ -347,6 +345,7 @@ func TestVerificationChurn(t *testing.T) {
 			var stop atomic.Bool
 			var churners sync.WaitGroup
 			for i := range readers {
+				local := register(t, m, alloc(t, n), 0) // here: t's checks must not run in the goroutines
 				churners.Add(1)
 				go func() {
 					defer churners.Done()
@@ -358,15 +357,16 @@ func TestVerificationChurn(t *testing.T) {
 						}
 						return
 					}
-					read(fmt.Sprintf("disagreeing reader %d", i), other, func(int) bool { return stop.Load() })
+					read(fmt.Sprintf("disagreeing reader %d", i), other, local, func(int) bool { return stop.Load() })
 				}()
 			}
 			var good sync.WaitGroup
 			for i := range readers {
+				local := register(t, m, alloc(t, n), 0)
 				good.Add(1)
 				go func() {
 					defer good.Done()
-					read(fmt.Sprintf("reader %d", i), h, func(i int) bool { return i == ops })
+					read(fmt.Sprintf("reader %d", i), h, local, func(i int) bool { return i == ops })
 				}()
 			}
 			good.Wait()
