@@ -16,10 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fitransfer/fitransfer/internal/route/cma"
-	"github.com/fitransfer/fitransfer/internal/route/mem"
 	"github.com/fitransfer/fitransfer/internal/testenv"
-	"github.com/fitransfer/fitransfer/mr"
 )
 
 // hostileOwnerEnv, set to a manager ID, makes the test binary run
@@ -129,20 +126,7 @@ func TestOwnerAskingToBeVerifiedAgain(t *testing.T) {
 	_, err = bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err, "the owner never listened")
 
-	pid := child.Process.Pid
-	h := RemoteBuffer{node: m.node, owner: owner, id: 1, n: 64, size: 64, access: mr.ReadWrite, eps: []remoteEP{{
-		provider: mem.Name, name: cma.ProcName(pid), base: 1 << 20,
-		guard: &guardRef{table: hostileGuard.table, key: hostileGuard.key, slot: 0, gen: 1},
-	}}}
-	b, err := mr.Alloc(64)
-	require.NoError(t, err)
-	defer func() { _ = mr.Free(b) }()
-	local, err := m.Register(b, mr.ReadWrite)
-	require.NoError(t, err)
-	defer local.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = m.ReadInto(ctx, local, h)
+	b, err := readMemByHand(t, m, owner, child.Process.Pid, hostileGuard, 10*time.Second)
 	require.Error(t, err)
 	assert.True(t, linkEnded(err), "%v", err)
 	assert.True(t, Retryable(err), "%v", err)

@@ -164,24 +164,32 @@ func TestLinkToAnOwnerThatDied(t *testing.T) {
 			}
 			m.verified.byID[owner] = v
 			m.verified.mu.Unlock()
-			h := RemoteBuffer{node: m.node, owner: owner, id: 1, n: 64, size: 64, access: mr.ReadWrite, eps: []remoteEP{{
-				provider: mem.Name, name: cma.ProcName(pid), base: 1 << 20,
-				guard: &guardRef{table: guard.table, key: guard.key, slot: 0, gen: 1},
-			}}}
-
-			b, err := mr.Alloc(64)
-			require.NoError(t, err)
-			defer func() { _ = mr.Free(b) }()
-			local, err := m.Register(b, mr.ReadWrite)
-			require.NoError(t, err)
-			defer local.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			err = m.ReadInto(ctx, local, h)
+			b, err := readMemByHand(t, m, owner, pid, guard, 30*time.Second)
 			require.ErrorIs(t, err, ErrPeerGone)
 			assert.Contains(t, err.Error(), cma.Peer(pid))
 			assert.Contains(t, err.Error(), "zombie", "the error says how the owner is known to be gone")
 			assert.Equal(t, make([]byte, 64), b, "nothing moved")
 		})
 	}
+}
+
+// readMemByHand reads 64 bytes into a buffer of m's from buffer 1 of
+// manager owner, in process pid, over a mem handle built by hand with the
+// guard table the owner's proof announces (guard), within d; it returns
+// the local bytes and the read's error.
+func readMemByHand(t *testing.T, m *Manager, owner ID, pid int, guard guardLoc, d time.Duration) ([]byte, error) {
+	t.Helper()
+	h := RemoteBuffer{node: m.node, owner: owner, id: 1, n: 64, size: 64, access: mr.ReadWrite, eps: []remoteEP{{
+		provider: mem.Name, name: cma.ProcName(pid), base: 1 << 20,
+		guard: &guardRef{table: guard.table, key: guard.key, slot: 0, gen: 1},
+	}}}
+	b, err := mr.Alloc(64)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mr.Free(b) })
+	local, err := m.Register(b, mr.ReadWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return b, m.ReadInto(ctx, local, h)
 }
